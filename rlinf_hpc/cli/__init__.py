@@ -1,0 +1,1 @@
+"""The `rlinf-hpc` command line."""

@@ -1,0 +1,149 @@
+"""The `rlinf-hpc` command: run, info, config show, config schema.
+
+User mistakes end with one paragraph on stderr and exit code 2 (traceback only with --debug).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+import textwrap
+from collections.abc import Sequence
+
+from rlinf_hpc.errors import EXIT_USER_ERROR, UserError
+from rlinf_hpc.log import is_primary_rank
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", help="show tracebacks for user errors")
+    parser = argparse.ArgumentParser(
+        prog="rlinf-hpc",
+        parents=[common],
+        description="RL post-training as SLURM jobs of MPI ranks. Rank 0 coordinates; the other "
+        "ranks form the component groups named in the config.",
+        epilog="Examples:\n  rlinf-hpc run configs/hello.toml --np 4\n"
+        "  sbatch slurm/single_node.sbatch configs/hello.toml\n  rlinf-hpc config schema",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = commands.add_parser(
+        "run", parents=[common], help="run a job from a TOML config",
+        description="Run a job. Outside srun/mpiexec it starts its own ranks with the venv's "
+        "mpiexec (--np, default job.num_ranks); inside a SLURM step or an mpiexec it runs in place.",
+    )
+    run.add_argument("config", help="path of the TOML job config")
+    run.add_argument("--np", type=_positive_int, help="ranks to start (default: job.num_ranks)")
+    run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                     help="override a config key, e.g. --set job.num_ranks=8 (repeatable)")
+    run.add_argument("--run-dir", help="directory for this run's config, events and summary")
+
+    info = commands.add_parser(
+        "info", parents=[common], help="print job environment, MPI, ranks, devices, NVML status"
+    )
+    info.add_argument("--np", type=_positive_int, help="start this many ranks and describe them")
+
+    config = commands.add_parser("config", parents=[common], help="inspect configs")
+    config_commands = config.add_subparsers(dest="config_command", required=True, metavar="WHAT")
+    show = config_commands.add_parser("show", parents=[common], help="print the resolved config")
+    show.add_argument("config", help="path of the TOML job config")
+    show.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    config_commands.add_parser(
+        "schema", parents=[common], help="list every config key with type, default and doc"
+    )
+    return parser
+
+
+def _cmd_config_show(args: argparse.Namespace) -> int:
+    from rlinf_hpc.config import config_to_toml, load_config
+
+    sys.stdout.write(config_to_toml(load_config(args.config, args.overrides)))
+    return 0
+
+
+def _cmd_config_schema(args: argparse.Namespace) -> int:
+    from rlinf_hpc.config.describe import schema_keys
+
+    width = max(len(k.key) for k in schema_keys())
+    for key in schema_keys():
+        sys.stdout.write(f"{key.key:<{width}}  {key.type}  (default: {key.default})\n")
+        for line in textwrap.wrap(key.doc, 90):
+            sys.stdout.write(f"{'':<{width}}    {line}\n")
+    return 0
+
+
+def _precheck_placement(config_path: str, overrides: list[str], num_ranks: int) -> None:
+    """Before starting ranks locally, make sure the config and the rank count can work."""
+    from rlinf_hpc.cluster import RankInfo, build_topology, probe_gpus
+    from rlinf_hpc.config import load_config
+    from rlinf_hpc.scheduler.placement import plan_placement
+
+    config = load_config(config_path, overrides)
+    gpus = probe_gpus()
+    cpus = tuple(sorted(os.sched_getaffinity(0)))
+    host = socket.gethostname()
+    infos = [RankInfo(r, host, 0, r, cpus, gpus) for r in range(num_ranks)]
+    plan_placement(config, build_topology(infos))
+
+
+def _cmd_run(args: argparse.Namespace, argv: list[str]) -> int:
+    from rlinf_hpc.cluster import detect_environment
+
+    environment = detect_environment()
+    if environment.needs_launch:
+        from rlinf_hpc.cli.launch import launch_ranks
+        from rlinf_hpc.config import load_config
+
+        config = load_config(args.config, args.overrides)
+        num_ranks = args.np or environment.slurm_num_tasks or config.job.num_ranks
+        _precheck_placement(args.config, args.overrides, num_ranks)
+        launch_ranks(num_ranks, environment, argv)
+    from rlinf_hpc.runners.job import JobRequest, run_job
+
+    return run_job(JobRequest(args.config, tuple(args.overrides), args.run_dir, args.np))
+
+
+def _cmd_info(args: argparse.Namespace, argv: list[str]) -> int:
+    from rlinf_hpc.cluster import detect_environment
+
+    environment = detect_environment()
+    if environment.needs_launch and args.np:
+        from rlinf_hpc.cli.launch import launch_ranks
+
+        launch_ranks(args.np, environment, argv)
+    from rlinf_hpc.cli.info import run_info
+
+    return run_info()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "run":
+            return _cmd_run(args, argv)
+        if args.command == "info":
+            return _cmd_info(args, argv)
+        if args.config_command == "show":
+            return _cmd_config_show(args)
+        return _cmd_config_schema(args)
+    except UserError as exc:
+        if args.debug:
+            raise
+        if is_primary_rank():
+            sys.stderr.write(f"rlinf-hpc: error: {exc}\n")
+            sys.stderr.flush()
+        return EXIT_USER_ERROR

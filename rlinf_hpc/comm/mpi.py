@@ -1,0 +1,42 @@
+"""The MPI world, imported lazily so that CLI commands that need no MPI start fast."""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+
+@cache
+def mpi() -> Any:
+    """The ``mpi4py.MPI`` module (initialises MPI on first use)."""
+    import mpi4py
+
+    # We finalize explicitly after the last message; errors return as exceptions.
+    mpi4py.rc.errors = "exception"
+    from mpi4py import MPI
+
+    return MPI
+
+
+def world() -> Any:
+    """``MPI.COMM_WORLD``."""
+    return mpi().COMM_WORLD
+
+
+def world_rank() -> int:
+    return int(world().Get_rank())
+
+
+def world_size() -> int:
+    return int(world().Get_size())
+
+
+def library_version() -> str:
+    """First line of the MPI library's own version string, e.g. ``MPICH Version: 5.0.2``."""
+    text = mpi().Get_library_version().strip().splitlines()[0]
+    return " ".join(text.split())
+
+
+def abort(exit_code: int) -> None:
+    """End every rank of the job now. Used when an orderly shutdown is impossible."""
+    world().Abort(exit_code)

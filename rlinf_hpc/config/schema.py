@@ -1,0 +1,142 @@
+"""Typed job configuration: one pydantic model per TOML section.
+
+Every field has a description; ``rlinf-hpc config schema`` prints them all. Unknown keys are
+rejected (``extra="forbid"``) and the loader turns that into a suggestion of the nearest key.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+_COMPONENT_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class JobConfig(_Section):
+    """[job]: the job as a whole."""
+
+    name: str = Field("rlinf-job", description="Name shown in logs and used for the run directory.")
+    seed: int = Field(0, ge=0, description="Base random seed; each rank derives its own from it.")
+    num_ranks: int = Field(
+        4,
+        ge=1,
+        description="Ranks to start when `rlinf-hpc run` launches the job itself (bundled mpiexec). "
+        "Rank 0 is the coordinator; the rest are workers. `--np` overrides it; inside srun/sbatch "
+        "the allocation decides.",
+    )
+    call_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="How long the coordinator waits for a worker command before it reports who "
+        "hangs and ends the job.",
+    )
+    shutdown_timeout_s: float = Field(
+        10.0, gt=0, description="How long the coordinator waits for workers to acknowledge shutdown."
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="Log level on every rank."
+    )
+
+
+class ComponentConfig(_Section):
+    """[components.NAME]: one component group (rollout, actor, reward, ...)."""
+
+    worker: str = Field(
+        description="Worker class as an import path `package.module:ClassName`; a subclass of "
+        "rlinf_hpc.workers.Worker, instantiated once on each rank of the group."
+    )
+    num_ranks: int = Field(1, ge=1, description="Number of worker ranks in the group.")
+    ranks: list[int] | None = Field(
+        None,
+        description="Explicit world ranks for the group (>= 1; rank 0 is the coordinator). "
+        "Default: the next free worker ranks in config order. Two components may list the same "
+        "ranks to share them.",
+    )
+    device: Literal["cpu", "gpu", "any"] = Field(
+        "any",
+        description="`gpu`: every rank of the group needs a visible GPU; `cpu`: run on CPU even "
+        "where a GPU is visible; `any`: the rank's own device.",
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Free-form keyword arguments passed to the worker's `setup(**options)`.",
+    )
+
+    @field_validator("worker")
+    @classmethod
+    def _check_import_path(cls, value: str) -> str:
+        if not _IMPORT_PATH.match(value):
+            raise ValueError(
+                f"'{value}' is not an import path of the form 'package.module:ClassName'"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _check_ranks(self) -> ComponentConfig:
+        if self.ranks is None:
+            return self
+        if any(r < 1 for r in self.ranks):
+            raise ValueError("ranks must be >= 1 (world rank 0 is the coordinator)")
+        if len(set(self.ranks)) != len(self.ranks):
+            raise ValueError(f"ranks lists a rank twice: {self.ranks}")
+        if "num_ranks" in self.model_fields_set and self.num_ranks != len(self.ranks):
+            raise ValueError(
+                f"num_ranks = {self.num_ranks} but ranks lists {len(self.ranks)}; give one of them"
+            )
+        object.__setattr__(self, "num_ranks", len(self.ranks))
+        return self
+
+
+class FlowConfig(_Section):
+    """[flow]: the macro flow run by the coordinator."""
+
+    runner: str = Field(
+        "hello",
+        description="Built-in flow name (`hello`) or an import path `package.module:function` "
+        "taking a rlinf_hpc.scheduler.Coordinator.",
+    )
+
+
+class HelloConfig(_Section):
+    """[hello]: parameters of the built-in `hello` flow."""
+
+    num_items: int = Field(8, ge=1, le=1_000_000, description="Numbers sent to each component.")
+
+
+class Config(_Section):
+    """A whole job configuration (one TOML file)."""
+
+    job: JobConfig = Field(default_factory=JobConfig, description="The job as a whole.")
+    components: dict[str, ComponentConfig] = Field(
+        description="Component groups by name; each becomes a group of worker ranks."
+    )
+    flow: FlowConfig = Field(default_factory=FlowConfig, description="The macro flow.")
+    hello: HelloConfig = Field(default_factory=HelloConfig, description="The built-in hello flow.")
+
+    @field_validator("components")
+    @classmethod
+    def _check_components(cls, value: dict[str, ComponentConfig]) -> dict[str, ComponentConfig]:
+        if not value:
+            raise ValueError("at least one component is needed, e.g. [components.rollout]")
+        for name in value:
+            if not _COMPONENT_NAME.match(name):
+                raise ValueError(
+                    f"component name '{name}' must start with a letter and hold only letters, "
+                    "digits, '_' or '-'"
+                )
+        return value
+
+    @property
+    def num_worker_ranks_needed(self) -> int:
+        """Smallest number of worker ranks (world size - 1) that can hold every component."""
+        explicit = {r for c in self.components.values() if c.ranks for r in c.ranks}
+        implicit = sum(c.num_ranks for c in self.components.values() if c.ranks is None)
+        # Implicit components take free ranks; explicit ones fix the highest rank used.
+        return max(len(explicit) + implicit, max(explicit, default=0))

@@ -1,0 +1,1 @@
+"""Macro flows and the per-rank job entry point."""

@@ -1,0 +1,140 @@
+"""What every rank of `rlinf-hpc run` executes: start-up, then coordinator or service loop.
+
+Start-up order (each step collective over the world): control plane, rank 0 reads the config
+and broadcasts it (workers never parse files), every rank describes itself to rank 0, then rank
+0 places the components and runs the flow while the workers serve commands.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rlinf_hpc.cluster import JobEnvironment, build_topology, detect_environment, local_rank_info
+from rlinf_hpc.comm import ControlPlane, library_version
+from rlinf_hpc.config import Config, config_to_toml, load_config
+from rlinf_hpc.errors import CommTimeoutError, JobInterrupted, UserError, WorkerError
+from rlinf_hpc.log import get_logger, setup_logging
+from rlinf_hpc.runners.flows import resolve_flow
+from rlinf_hpc.runtime.console import print_table
+from rlinf_hpc.runtime.events import EventLog
+from rlinf_hpc.runtime.signals import install_signal_handlers
+from rlinf_hpc.scheduler import Coordinator, describe_failure, placement_rows
+from rlinf_hpc.workers import WorkerService, resolve_worker_class
+
+log = get_logger("job")
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """What the user asked for on the command line."""
+
+    config_path: str
+    overrides: tuple[str, ...] = ()
+    run_dir: str | None = None
+    requested_ranks: int | None = None
+
+
+def _load_on_coordinator(control: ControlPlane, request: JobRequest) -> Config:
+    """Rank 0 parses the config and broadcasts it (or the error) to every rank."""
+    payload: dict[str, Any]
+    if control.rank == 0:
+        try:
+            config = load_config(request.config_path, request.overrides)
+            payload = {"config": config.model_dump(mode="json")}
+        except UserError as exc:
+            payload = {"error": str(exc)}
+    else:
+        payload = {}
+    payload = control.broadcast_from_coordinator(payload)
+    if "error" in payload:
+        raise UserError(payload["error"])
+    return Config.model_validate(payload["config"])
+
+
+def run_job(request: JobRequest) -> int:
+    """The body of `rlinf-hpc run` on one rank; returns the rank's exit code."""
+    environment = detect_environment()
+    setup_logging(environment.rank if environment.rank is not None else "?", "init")
+    install_signal_handlers()
+    control = ControlPlane()
+    setup_logging(control.rank, "coord" if control.rank == 0 else "worker")
+    environment.check_against_mpi(control.rank, control.size)
+    config = _load_on_coordinator(control, request)
+    setup_logging(control.rank, "coord" if control.rank == 0 else "worker", config.job.log_level)
+    infos = control.gather_to_coordinator(local_rank_info(control.rank, environment))
+    if control.rank != 0:
+        return WorkerService(control).serve()
+    assert infos is not None
+    return _coordinate(config, control, infos, environment, request)
+
+
+def _coordinate(
+    config: Config,
+    control: ControlPlane,
+    infos: list[Any],
+    environment: JobEnvironment,
+    request: JobRequest,
+) -> int:
+    started = time.monotonic()
+    run_dir = Path(request.run_dir) if request.run_dir else None
+    events = EventLog(run_dir / "events.jsonl" if run_dir else None, rank=0)
+    slots = build_topology(infos)
+    coordinator = Coordinator(config, control, slots)
+    log.info("job '%s': %d ranks on %d node(s), %s; %s", config.job.name, control.size,
+             len({s.hostname for s in slots}), environment.describe(), library_version())
+    if request.requested_ranks and request.requested_ranks != control.size:
+        log.warning("--np %d ignored: the launcher started %d ranks", request.requested_ranks,
+                    control.size)
+    outcome = "failed"
+    try:
+        if run_dir:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / "config.toml").write_text(config_to_toml(config), encoding="utf-8")
+        flow = resolve_flow(config.flow.runner)
+        for component in config.components.values():
+            resolve_worker_class(component.worker)
+        placement = coordinator.start()
+        events.write("placement", groups=placement.groups)
+        print_table(
+            f"placement: {control.size} ranks",
+            ["component", "rank", "node", "local rank", "device", "cpus"],
+            placement_rows(config, placement, slots),
+        )
+        result = flow(coordinator)
+        coordinator.shutdown(0, "flow finished")
+        outcome = "ok"
+        log.info("job '%s' finished in %.1f s", config.job.name, time.monotonic() - started)
+        _write_summary(run_dir, outcome, started, result)
+        return 0
+    except JobInterrupted as exc:
+        outcome = exc.signal_name
+        log.warning("received %s: stopping every rank", exc.signal_name)
+        coordinator.shutdown(exc.exit_code, exc.signal_name, timeout=5.0)
+        return exc.exit_code
+    except UserError:
+        coordinator.shutdown(2, "configuration error")
+        raise
+    except Exception as exc:  # noqa: BLE001 - report once, stop every rank, exit non-zero
+        if isinstance(exc, (WorkerError, CommTimeoutError)):
+            log.error("%s", describe_failure(exc))
+        else:  # a bug in the flow or in rlinf_hpc: its traceback is the useful part
+            log.error("%s", describe_failure(exc), exc_info=exc)
+        coordinator.shutdown(1, "job failed")
+        return 1
+    finally:
+        events.write("end", outcome=outcome, wall_seconds=round(time.monotonic() - started, 3))
+        events.close()
+
+
+def _write_summary(run_dir: Path | None, outcome: str, started: float, result: Any) -> None:
+    if run_dir is None:
+        return
+    summary = {"outcome": outcome, "wall_seconds": round(time.monotonic() - started, 3),
+               "flow_result": result}
+    tmp = run_dir / "summary.json.tmp"
+    tmp.write_text(json.dumps(summary, indent=2, default=str), encoding="utf-8")
+    tmp.replace(run_dir / "summary.json")

@@ -1,0 +1,1 @@
+"""Run-time services on every rank: signals, metrics/event streams, console output."""

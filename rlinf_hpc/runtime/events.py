@@ -1,0 +1,32 @@
+"""JSON-lines event/metrics stream: one object per line, flushed as written."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+
+class EventLog:
+    """Append events to ``path`` (``events.jsonl`` in the run directory); a no-op without one."""
+
+    def __init__(self, path: Path | None, rank: int) -> None:
+        self.path = path
+        self.rank = rank
+        self._file = None
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = path.open("a", encoding="utf-8")
+
+    def write(self, event: str, **fields: Any) -> None:
+        if self._file is None:
+            return
+        record = {"time": round(time.time(), 6), "rank": self.rank, "event": event, **fields}
+        self._file.write(json.dumps(record, default=str) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None

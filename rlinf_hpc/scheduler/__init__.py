@@ -1,0 +1,18 @@
+"""Coordinator, component groups, placement and the coordinator <-> worker protocol."""
+
+from rlinf_hpc.scheduler.coordinator import Coordinator, describe_failure
+from rlinf_hpc.scheduler.futures import CallFuture, GroupFuture
+from rlinf_hpc.scheduler.group import ComponentGroup
+from rlinf_hpc.scheduler.placement import Placement, effective_device, placement_rows, plan_placement
+
+__all__ = [
+    "CallFuture",
+    "ComponentGroup",
+    "Coordinator",
+    "GroupFuture",
+    "Placement",
+    "describe_failure",
+    "effective_device",
+    "placement_rows",
+    "plan_placement",
+]

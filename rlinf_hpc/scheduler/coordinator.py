@@ -1,0 +1,247 @@
+"""The coordinator (world rank 0): places components, drives them, ends the job cleanly.
+
+It needs no accelerator. It turns the config's components into groups of worker ranks, each
+with its own MPI communicator, sends commands to them (futures come back at once), can move
+ranks between groups while the job runs, and on the way out makes every rank leave its service
+loop — or, when a rank no longer answers, aborts the whole job instead of hanging.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rlinf_hpc.cluster import RankSlot
+from rlinf_hpc.comm import COORDINATOR_RANK, Backoff, ControlPlane, abort, poll_until
+from rlinf_hpc.config import Config
+from rlinf_hpc.errors import CommTimeoutError, UserError, WorkerError
+from rlinf_hpc.log import get_logger
+from rlinf_hpc.scheduler.futures import CallFuture, GroupFuture
+from rlinf_hpc.scheduler.group import ComponentGroup
+from rlinf_hpc.scheduler.placement import Placement, effective_device, plan_placement
+from rlinf_hpc.scheduler.protocol import Bye, Call, Join, Leave, Reply, Shutdown
+
+log = get_logger("coordinator")
+
+
+class Coordinator:
+    """Runs on world rank 0. The macro flow gets one and calls `group(name)` on it.
+
+    >>> # in a flow: def my_flow(coordinator): coordinator.group("actor").call("train").result()
+    """
+
+    def __init__(self, config: Config, control: ControlPlane, slots: list[RankSlot]) -> None:
+        if control.rank != COORDINATOR_RANK:
+            raise RuntimeError("the Coordinator runs on world rank 0 only")
+        self.config = config
+        self.control = control
+        self.slots = slots
+        self._slot_of = {s.rank: s for s in slots}
+        self._placement: Placement | None = None
+        self._next_call_id = 1
+        self._next_comm_tag = 1000
+        self._pending: dict[int, dict[int, CallFuture]] = {}
+        self._busy: dict[int, dict[int, CallFuture]] = defaultdict(dict)
+        self._departed: dict[int, Bye] = {}
+        self._fatal: Exception | None = None
+
+    # -- placement ---------------------------------------------------------------------------
+    @property
+    def placement(self) -> Placement:
+        if self._placement is None:
+            raise RuntimeError("Coordinator.start() has not run yet")
+        return self._placement
+
+    @property
+    def worker_ranks(self) -> list[int]:
+        return [s.rank for s in self.slots if s.rank != COORDINATOR_RANK]
+
+    def start(self) -> Placement:
+        """Plan the placement from the config and form every group. Raises `UserError`."""
+        placement = plan_placement(self.config, self.slots)
+        self._form_groups(placement.groups, placement.groups.keys())
+        self._placement = placement
+        return placement
+
+    def group(self, name: str) -> ComponentGroup:
+        """Handle on a component group by name."""
+        if name not in self.placement.groups:
+            raise KeyError(
+                f"no component '{name}'; the job has {', '.join(self.placement.groups)}"
+            )
+        return ComponentGroup(self, name)
+
+    def repartition(self, new_groups: Mapping[str, Sequence[int]]) -> Placement:
+        """Move ranks between components while the job runs.
+
+        Components not named keep their ranks. Ranks that leave a component tear their worker
+        down and free its communicator; every changed group gets a fresh communicator; ranks
+        that join build the worker and run its ``setup``.
+        """
+        current = self.placement.groups
+        for name, ranks in new_groups.items():
+            if name not in current:
+                raise ValueError(f"repartition names unknown component '{name}'")
+            bad = [r for r in ranks if r not in self.worker_ranks]
+            if bad or not ranks or len(set(ranks)) != len(ranks):
+                raise ValueError(
+                    f"repartition of '{name}' needs distinct worker ranks from {self.worker_ranks}, "
+                    f"got {list(ranks)}"
+                )
+        target = {name: sorted(new_groups.get(name, ranks)) for name, ranks in current.items()}
+        changed = [name for name in current if target[name] != current[name]]
+        leaving = [
+            (name, rank) for name in changed for rank in current[name] if rank not in target[name]
+        ]
+        futures = [self._send(rank, name, "teardown", lambda cid, n=name: Leave(cid, n))
+                   for name, rank in leaving]
+        self._wait_all(futures, "leave")
+        self._form_groups(target, changed)
+        self._placement = Placement(target)
+        log.info("repartitioned: %s", ", ".join(f"{n}={target[n]}" for n in changed) or "no change")
+        return self._placement
+
+    def _form_groups(self, groups: Mapping[str, list[int]], names: Any) -> None:
+        futures = []
+        for name in names:
+            component = self.config.components[name]
+            tag = self._next_comm_tag
+            self._next_comm_tag += 1
+            for rank in groups[name]:
+                device = effective_device(component, self._slot_of[rank])
+
+                def make(cid: int, n: str = name, d: str = device, t: int = tag) -> Join:
+                    return Join(cid, n, component.worker, tuple(groups[n]), t,
+                                dict(self.config.components[n].options), d, self.config.job.seed)
+
+                futures.append(self._send(rank, name, "setup", make))
+        self._wait_all(futures, "join")
+
+    # -- calls -------------------------------------------------------------------------------
+    def _send(self, rank: int, component: str, method: str, build: Any) -> CallFuture:
+        self._raise_if_fatal()
+        if rank in self._departed:
+            raise WorkerError(rank, component, method, "the rank has left the job", "")
+        call_id = self._next_call_id
+        self._next_call_id += 1
+        future = CallFuture(call_id, rank, component, method, self._wait_for)
+        self._pending.setdefault(call_id, {})[rank] = future
+        self._busy[rank][call_id] = future
+        self.control.send_command(rank, build(call_id))
+        return future
+
+    def send_calls(
+        self,
+        component: str,
+        ranks: list[int],
+        method: str,
+        per_rank_args: list[tuple[Any, ...]],
+        kwargs: dict[str, Any],
+    ) -> GroupFuture:
+        """Send ``method`` to each rank (used by `ComponentGroup`); returns futures at once."""
+        if not method or method.startswith("_"):
+            raise ValueError(f"'{method}' is not a public worker method name")
+        futures = [
+            self._send(rank, component, method,
+                       lambda cid, a=args: Call(cid, component, method, a, kwargs))
+            for rank, args in zip(ranks, per_rank_args, strict=True)
+        ]
+        return GroupFuture(futures)
+
+    def _wait_all(self, futures: list[CallFuture], what: str) -> None:
+        GroupFuture(futures).result(self.config.job.call_timeout_s)
+
+    # -- receiving ---------------------------------------------------------------------------
+    def _raise_if_fatal(self) -> None:
+        if self._fatal is not None:
+            raise self._fatal
+
+    def _handle(self, rank: int, message: Reply | Bye) -> None:
+        if isinstance(message, Reply):
+            future = self._pending.get(message.call_id, {}).pop(message.rank, None)
+            self._busy[rank].pop(message.call_id, None)
+            if not self._pending.get(message.call_id, True):
+                del self._pending[message.call_id]
+            if future is not None:
+                future._resolve(message)
+            return
+        self._departed[rank] = message
+        lost = list(self._busy.pop(rank, {}).values())
+        for future in lost:
+            self._pending.get(future.call_id, {}).pop(rank, None)
+            reason = message.error or f"the rank left the job ({message.reason})"
+            future._resolve(Reply(future.call_id, rank, future.component, False, error=reason,
+                                  traceback=message.traceback))
+        if message.reason != "shutdown" and self._fatal is None:
+            components = ", ".join(self.placement.components_on(rank)) if self._placement else "-"
+            self._fatal = WorkerError(rank, components or "-", "its service loop",
+                                      message.error or message.reason, message.traceback)
+
+    def pump(self) -> bool:
+        """Receive and route every reply that has arrived. True if any did."""
+        got = False
+        while (received := self.control.try_receive_reply()) is not None:
+            self._handle(*received)
+            got = True
+        return got
+
+    def _wait_for(self, future: CallFuture, timeout: float | None) -> None:
+        timeout = self.config.job.call_timeout_s if timeout is None else timeout
+
+        def poll() -> bool | None:
+            self.pump()
+            if future.done():
+                return True
+            self._raise_if_fatal()
+            return None
+
+        poll_until(
+            poll,
+            timeout,
+            lambda: f"coordinator (rank 0) waited for rank {future.rank} (component "
+            f"'{future.component}') to finish {future.method} (call #{future.call_id})",
+        )
+
+    # -- shutdown ----------------------------------------------------------------------------
+    def shutdown(self, exit_code: int, reason: str, timeout: float | None = None) -> bool:
+        """Ask every worker to leave; True if all acknowledged, else abort the whole job."""
+        timeout = self.config.job.shutdown_timeout_s if timeout is None else timeout
+        remaining = [r for r in self.worker_ranks if r not in self._departed]
+        for rank in remaining:
+            self.control.send_command(rank, Shutdown(exit_code, reason))
+        deadline = time.monotonic() + timeout
+        backoff = Backoff()
+        while any(r not in self._departed for r in remaining) and time.monotonic() < deadline:
+            if self.pump():
+                backoff.reset()
+            else:
+                backoff.sleep()
+        silent = [r for r in remaining if r not in self._departed]
+        if not silent:
+            return True
+        busy = "; ".join(
+            f"rank {r} busy in {', '.join(f.describe() for f in self._busy.get(r, {}).values())}"
+            if self._busy.get(r) else f"rank {r} idle"
+            for r in silent
+        )
+        log.error("ranks %s did not acknowledge shutdown within %.0f s (%s): aborting the job",
+                  silent, timeout, busy)
+        abort(exit_code or 1)
+        return False
+
+
+def describe_failure(exc: BaseException) -> str:
+    """One message for the console, naming rank, component and error where known."""
+    if isinstance(exc, WorkerError):
+        text = f"job failed: {exc}"
+        if exc.remote_traceback:
+            text += "\n  remote traceback (rank %d):\n    " % exc.rank
+            text += exc.remote_traceback.rstrip().replace("\n", "\n    ")
+        return text
+    if isinstance(exc, CommTimeoutError):
+        return f"job failed: {exc}"
+    if isinstance(exc, UserError):
+        return str(exc)
+    return f"job failed on rank 0 (coordinator): {type(exc).__name__}: {exc}"

@@ -1,0 +1,142 @@
+"""Which worker ranks host which component, checked against what the job actually has.
+
+`plan_placement` is pure: config + gathered rank slots in, a `Placement` (or a `UserError`
+that says how many ranks/GPUs are missing and how to ask SLURM for them) out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlinf_hpc.cluster import RankSlot, compress_cpus
+from rlinf_hpc.comm import COORDINATOR_RANK
+from rlinf_hpc.config import ComponentConfig, Config
+from rlinf_hpc.errors import UserError
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Component name -> world ranks (sorted), in config order."""
+
+    groups: dict[str, list[int]]
+
+    def ranks_of(self, component: str) -> list[int]:
+        return self.groups[component]
+
+    def components_on(self, rank: int) -> list[str]:
+        return [name for name, ranks in self.groups.items() if rank in ranks]
+
+
+def _how_to_get_ranks(total: int) -> str:
+    return (
+        f"Start the job with {total} ranks: `rlinf-hpc run CONFIG --np {total}` locally, "
+        f"`sbatch -n {total} ...` or `srun -n {total} ...` on SLURM (rank 0 is the coordinator "
+        "and hosts no component)."
+    )
+
+
+def _fits(component: ComponentConfig, slot: RankSlot) -> bool:
+    return component.device != "gpu" or slot.has_gpu
+
+
+def effective_device(component: ComponentConfig, slot: RankSlot) -> str:
+    """The device a component's worker uses on ``slot``: ``cpu`` when the config says so."""
+    return "cpu" if component.device == "cpu" else slot.device
+
+
+def _check_explicit(name: str, component: ComponentConfig, slots: dict[int, RankSlot]) -> None:
+    assert component.ranks is not None
+    missing = [r for r in component.ranks if r not in slots]
+    if missing:
+        need = max(component.ranks) + 1
+        raise UserError(
+            f"component '{name}' asks for ranks {component.ranks}, but the job has ranks "
+            f"0..{len(slots)} only (missing {missing}). {_how_to_get_ranks(need)} Or change "
+            f"components.{name}.ranks."
+        )
+    no_gpu = [r for r in component.ranks if not _fits(component, slots[r])]
+    if no_gpu:
+        raise UserError(
+            f"component '{name}' has device = \"gpu\" but ranks {no_gpu} see no GPU. Ask SLURM "
+            "for GPUs (e.g. `sbatch --gpus-per-task=1`), check CUDA_VISIBLE_DEVICES, or set "
+            f"components.{name}.device = \"cpu\"."
+        )
+
+
+def plan_placement(config: Config, slots: list[RankSlot]) -> Placement:
+    """Assign worker ranks to components: explicit ``ranks`` first, then the next free ranks.
+
+    Raises `UserError` when the job is too small or lacks GPUs for a component.
+    """
+    worker_slots = {s.rank: s for s in slots if s.rank != COORDINATOR_RANK}
+    if not worker_slots:
+        needed = config.num_worker_ranks_needed + 1
+        raise UserError(
+            f"the job has a single rank, but rank 0 is the coordinator and the components "
+            f"({', '.join(config.components)}) need {needed - 1} worker rank(s). "
+            f"{_how_to_get_ranks(needed)}"
+        )
+    groups: dict[str, list[int]] = {}
+    taken: set[int] = set()
+    for name, component in config.components.items():
+        if component.ranks is not None:
+            _check_explicit(name, component, worker_slots)
+            groups[name] = sorted(component.ranks)
+            taken.update(component.ranks)
+    for name, component in config.components.items():
+        if component.ranks is not None:
+            continue
+        free = [r for r in sorted(worker_slots) if r not in taken]
+        usable = [r for r in free if _fits(component, worker_slots[r])]
+        if len(usable) < component.num_ranks:
+            groups_text = ", ".join(f"'{n}' {len(r)}" for n, r in groups.items()) or "none yet"
+            if component.device == "gpu" and len(free) >= component.num_ranks:
+                raise UserError(
+                    f"component '{name}' needs {component.num_ranks} rank(s) with a GPU "
+                    f"(device = \"gpu\"), but only {len(usable)} free worker rank(s) see one. Ask "
+                    "SLURM for GPUs (e.g. `sbatch --gpus-per-task=1`) or set "
+                    f"components.{name}.device = \"cpu\"."
+                )
+            total = config.num_worker_ranks_needed + 1
+            raise UserError(
+                f"component '{name}' needs {component.num_ranks} worker rank(s) but only "
+                f"{len(free)} remain: the job has {len(worker_slots) + 1} ranks (rank 0 is the "
+                f"coordinator, {len(worker_slots)} workers; taken so far: {groups_text}). "
+                f"{_how_to_get_ranks(total)}"
+            )
+        groups[name] = usable[: component.num_ranks]
+        taken.update(groups[name])
+    ordered = {name: groups[name] for name in config.components}
+    return Placement(ordered)
+
+
+def placement_rows(
+    config: Config, placement: Placement, slots: list[RankSlot]
+) -> list[tuple[str, ...]]:
+    """Rows (component, rank, node, local rank, device, cpus) for the start-up table."""
+    by_rank = {s.rank: s for s in slots}
+    coordinator = by_rank[COORDINATOR_RANK]
+    rows = [
+        (
+            "(coordinator)",
+            str(COORDINATOR_RANK),
+            f"{coordinator.node_index}:{coordinator.hostname}",
+            str(coordinator.local_rank),
+            "-",
+            compress_cpus(coordinator.cpus),
+        )
+    ]
+    for name, ranks in placement.groups.items():
+        for rank in ranks:
+            slot = by_rank[rank]
+            rows.append(
+                (
+                    name,
+                    str(rank),
+                    f"{slot.node_index}:{slot.hostname}",
+                    str(slot.local_rank),
+                    effective_device(config.components[name], slot),
+                    compress_cpus(slot.cpus),
+                )
+            )
+    return rows

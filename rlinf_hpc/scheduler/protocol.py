@@ -1,0 +1,79 @@
+"""Messages between the coordinator and the worker service loops (pickled on the control plane).
+
+Commands flow coordinator -> worker; every command but `Shutdown` gets exactly one `Reply`.
+Errors travel as text (type, message, traceback) so that any exception can cross ranks even
+when its class cannot be unpickled on the coordinator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Call:
+    """Run ``component``'s ``method(*args, **kwargs)`` on the receiving rank."""
+
+    call_id: int
+    component: str
+    method: str
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Join:
+    """Become (or stay) a member of ``component`` whose ranks are now ``world_ranks``.
+
+    A rank that already hosts the component keeps its worker object and only swaps its
+    group communicator; a new member builds the worker and calls its ``setup``.
+    """
+
+    call_id: int
+    component: str
+    worker_path: str
+    world_ranks: tuple[int, ...]
+    tag: int
+    options: dict[str, Any]
+    device: str
+    seed: int
+
+
+@dataclass(frozen=True)
+class Leave:
+    """Stop hosting ``component``: call the worker's ``teardown`` and free its communicator."""
+
+    call_id: int
+    component: str
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    """Leave the service loop and exit with ``exit_code``. Acknowledged with a `Bye`."""
+
+    exit_code: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Reply:
+    """The outcome of one command on one rank."""
+
+    call_id: int
+    rank: int
+    component: str
+    ok: bool
+    value: Any = None
+    error: str = ""
+    traceback: str = ""
+
+
+@dataclass(frozen=True)
+class Bye:
+    """A worker leaves the job (after `Shutdown`, on a signal, or on an internal error)."""
+
+    rank: int
+    reason: str
+    error: str = ""
+    traceback: str = ""

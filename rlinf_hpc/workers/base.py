@@ -1,0 +1,97 @@
+"""`Worker`: the base class of every component's per-rank object.
+
+The service loop builds one instance per (rank, component), binds its place in the job, and
+then calls ``setup(**options)`` with the component's ``options`` table. After that the
+coordinator calls its public methods by name. A minimal worker::
+
+    class Doubler(Worker):
+        def setup(self, factor: int = 2) -> None:
+            self.factor = factor
+
+        def apply(self, x: int) -> int:
+            return self.factor * x
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import socket
+from typing import Any
+
+from rlinf_hpc.comm import GroupComm, live_group_comms
+from rlinf_hpc.log import get_logger
+
+
+class Worker:
+    """Base class for component workers. Subclass it and add public methods."""
+
+    component: str
+    rank: int
+    device: str
+    seed: int
+    group: GroupComm
+    log: logging.Logger
+
+    def _bind(self, component: str, rank: int, device: str, seed: int, group: GroupComm) -> None:
+        self.component = component
+        self.rank = rank
+        self.device = device
+        self.seed = seed
+        self.group = group
+        self.log = get_logger(f"worker.{component}")
+
+    @property
+    def group_rank(self) -> int:
+        """This rank's index in its component group (0 .. group_size-1)."""
+        return self.group.rank
+
+    @property
+    def group_size(self) -> int:
+        return self.group.size
+
+    def rank_seed(self) -> int:
+        """A seed distinct per world rank and stable across runs of the same config."""
+        return random.Random(f"{self.seed}:{self.rank}").getrandbits(31)
+
+    # -- hooks -------------------------------------------------------------------------------
+    def setup(self, **options: Any) -> None:
+        """Called once after the worker joins its group, with the component's ``options``."""
+        if options:
+            raise TypeError(
+                f"{type(self).__name__} takes no options, but the config gives "
+                f"{sorted(options)}; define setup(self, ...) to accept them"
+            )
+
+    def on_regroup(self) -> None:
+        """Called after a re-partition changed this worker's group (``self.group`` is new)."""
+
+    def teardown(self) -> None:
+        """Called when the worker leaves its group or the job ends."""
+
+    # -- built-in methods callable from the coordinator -----------------------------------------
+    def describe(self) -> dict[str, Any]:
+        """Where this worker runs: world rank, group rank/size, host, device."""
+        return {
+            "component": self.component,
+            "rank": self.rank,
+            "group_rank": self.group_rank,
+            "group_size": self.group_size,
+            "group_world_ranks": self.group.world_ranks,
+            "hostname": socket.gethostname(),
+            "device": self.device,
+        }
+
+    def group_check(self) -> dict[str, Any]:
+        """Exercise the group communicator: all-reduce and all-gather of world ranks.
+
+        Also reports how many group communicators this rank holds, so a test can tell that a
+        re-partition freed the old ones.
+        """
+        self.group.barrier(timeout=60)
+        return {
+            "rank": self.rank,
+            "rank_sum": self.group.allreduce(self.rank),
+            "ranks": self.group.allgather(self.rank),
+            "live_group_comms": len(live_group_comms()),
+        }

@@ -1,0 +1,139 @@
+"""The worker service loop: execute the coordinator's commands until told to stop.
+
+Idle ranks sleep between probes (see `rlinf_hpc.comm.waiting`), so a waiting job costs almost
+no CPU. A worker method's exception goes back to the coordinator with its traceback; the loop
+itself survives it. SIGINT/SIGTERM or an internal error make the rank say `Bye` and leave.
+"""
+
+from __future__ import annotations
+
+import importlib
+import traceback
+from typing import Any
+
+from rlinf_hpc.comm import Backoff, ControlPlane, create_group_comm
+from rlinf_hpc.errors import JobInterrupted, UserError
+from rlinf_hpc.log import get_logger, set_role
+from rlinf_hpc.scheduler.protocol import Bye, Call, Join, Leave, Reply, Shutdown
+from rlinf_hpc.workers.base import Worker
+
+log = get_logger("service")
+
+
+def resolve_worker_class(path: str) -> type[Worker]:
+    """Import ``package.module:ClassName`` and check it is a `Worker` subclass."""
+    module_name, _, class_name = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise UserError(
+            f"worker '{path}': cannot import module '{module_name}' ({exc}). Check the "
+            "component's `worker` key and that the module is installed on every node."
+        ) from None
+    cls = getattr(module, class_name, None)
+    if not (isinstance(cls, type) and issubclass(cls, Worker)):
+        raise UserError(
+            f"worker '{path}': '{class_name}' in module '{module_name}' is "
+            f"{'missing' if cls is None else 'not a subclass of rlinf_hpc.workers.Worker'}."
+        )
+    return cls
+
+
+class WorkerService:
+    """The components hosted by one worker rank, and the command loop that drives them."""
+
+    def __init__(self, control: ControlPlane) -> None:
+        self.control = control
+        self.rank = control.rank
+        self.workers: dict[str, Worker] = {}
+
+    def _roles(self) -> str:
+        return "+".join(self.workers) or "idle"
+
+    def _join(self, command: Join) -> Any:
+        group = create_group_comm(command.component, list(command.world_ranks), command.tag)
+        worker = self.workers.get(command.component)
+        if worker is not None:  # re-partition: keep state, swap communicator
+            worker.group.free()
+            worker.group = group
+            worker.on_regroup()
+            return None
+        try:
+            worker = resolve_worker_class(command.worker_path)()
+            worker._bind(command.component, self.rank, command.device, command.seed, group)
+            worker.setup(**command.options)
+        except BaseException:
+            group.free()
+            raise
+        self.workers[command.component] = worker
+        set_role(self._roles())
+        return None
+
+    def _leave(self, command: Leave) -> Any:
+        worker = self.workers.pop(command.component)
+        set_role(self._roles())
+        try:
+            worker.teardown()
+        finally:
+            worker.group.free()
+        return None
+
+    def _call(self, command: Call) -> Any:
+        worker = self.workers.get(command.component)
+        if worker is None:
+            raise RuntimeError(f"rank {self.rank} hosts no component '{command.component}'")
+        method = getattr(worker, command.method, None)
+        if method is None or not callable(method):
+            raise AttributeError(
+                f"{type(worker).__name__} (component '{command.component}') has no method "
+                f"'{command.method}'"
+            )
+        return method(*command.args, **command.kwargs)
+
+    def _execute(self, command: Call | Join | Leave) -> Reply:
+        handler = {Call: self._call, Join: self._join, Leave: self._leave}[type(command)]
+        try:
+            value = handler(command)  # type: ignore[operator]
+            return Reply(command.call_id, self.rank, command.component, True, value)
+        except JobInterrupted:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - every failure goes back to rank 0
+            return Reply(command.call_id, self.rank, command.component, False,
+                         error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
+
+    def _teardown_all(self) -> None:
+        for name in list(self.workers):
+            try:
+                self._leave(Leave(0, name))
+            except Exception:  # noqa: BLE001 - best effort on the way out
+                log.exception("teardown of '%s' failed", name)
+
+    def serve(self) -> int:
+        """Run until `Shutdown`; returns the exit code this rank should end with."""
+        backoff = Backoff()
+        try:
+            while True:
+                command = self.control.receive_command(backoff)
+                backoff.reset()
+                if isinstance(command, Shutdown):
+                    self._teardown_all()
+                    self._say_bye("shutdown")
+                    return command.exit_code
+                self.control.send_reply(self._execute(command))
+        except JobInterrupted as exc:
+            log.info("received %s: leaving the job", exc.signal_name)
+            self._say_bye(exc.signal_name)
+            return exc.exit_code
+        except Exception as exc:  # noqa: BLE001 - an internal error: tell rank 0, then leave
+            log.exception("worker service loop failed")
+            self._say_bye("internal error", f"{type(exc).__name__}: {exc}", traceback.format_exc())
+            return 1
+
+    def _say_bye(self, reason: str, error: str = "", trace: str = "") -> None:
+        self.control.send_reply(Bye(self.rank, reason, error, trace))
+        try:
+            self.control.flush(timeout=5.0, describe="sending Bye to the coordinator")
+        except Exception:  # noqa: BLE001 - the coordinator may be gone already
+            log.warning("could not deliver Bye to the coordinator")
+
+
