@@ -17,26 +17,44 @@ T = TypeVar("T")
 
 #: First sleep after an unsuccessful poll, seconds.
 INITIAL_SLEEP_S = 20e-6
-#: Longest sleep between polls, seconds. Bounds the added latency of an idle rank's wake-up.
+#: Longest sleep between polls while recently active, seconds.
 MAX_SLEEP_S = 2e-3
+#: After this long without success the rank counts as idle...
+IDLE_AFTER_S = 1.0
+#: ...and sleeps up to this long between polls (100 wake-ups/s: well under 1% of a core).
+IDLE_MAX_SLEEP_S = 10e-3
 
 
 class Backoff:
     """Sleep a little longer after each unsuccessful poll; `reset` after a success.
+
+    The cap is ``maximum`` while the waiter was recently successful and ``idle_maximum`` once
+    it has waited ``idle_after`` seconds in a row, so busy pipelines stay responsive while
+    ranks parked for minutes cost next to nothing.
 
     >>> backoff = Backoff(initial=1e-6, maximum=4e-6)
     >>> [backoff.next_delay() for _ in range(4)]
     [1e-06, 2e-06, 4e-06, 4e-06]
     """
 
-    def __init__(self, initial: float = INITIAL_SLEEP_S, maximum: float = MAX_SLEEP_S) -> None:
+    def __init__(
+        self,
+        initial: float = INITIAL_SLEEP_S,
+        maximum: float = MAX_SLEEP_S,
+        idle_after: float = IDLE_AFTER_S,
+        idle_maximum: float = IDLE_MAX_SLEEP_S,
+    ) -> None:
         self.initial = initial
         self.maximum = maximum
+        self.idle_after = idle_after
+        self.idle_maximum = max(idle_maximum, maximum)
         self._delay = initial
+        self._since = time.monotonic()
 
     def next_delay(self) -> float:
         delay = self._delay
-        self._delay = min(self._delay * 2, self.maximum)
+        idle = time.monotonic() - self._since >= self.idle_after
+        self._delay = min(self._delay * 2, self.idle_maximum if idle else self.maximum)
         return delay
 
     def sleep(self) -> None:
@@ -44,6 +62,7 @@ class Backoff:
 
     def reset(self) -> None:
         self._delay = self.initial
+        self._since = time.monotonic()
 
 
 def poll_until(

@@ -123,7 +123,9 @@ def _coordinate(
             log.error("%s", describe_failure(exc))
         else:  # a bug in the flow or in rlinf_hpc: its traceback is the useful part
             log.error("%s", describe_failure(exc), exc_info=exc)
-        coordinator.shutdown(1, "job failed")
+        # After a timeout one rank is known to hang: do not wait long for it to say goodbye.
+        hung = isinstance(exc, CommTimeoutError)
+        coordinator.shutdown(1, "job failed", timeout=2.0 if hung else None)
         return 1
     finally:
         events.write("end", outcome=outcome, wall_seconds=round(time.monotonic() - started, 3))

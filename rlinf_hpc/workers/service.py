@@ -39,6 +39,14 @@ def resolve_worker_class(path: str) -> type[Worker]:
     return cls
 
 
+def _user_traceback(exc: BaseException) -> str:
+    """The traceback without this module's own frames (they are the same for every call)."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb))
+
+
 class WorkerService:
     """The components hosted by one worker rank, and the command loop that drives them."""
 
@@ -99,7 +107,7 @@ class WorkerService:
             raise
         except BaseException as exc:  # noqa: BLE001 - every failure goes back to rank 0
             return Reply(command.call_id, self.rank, command.component, False,
-                         error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
+                         error=f"{type(exc).__name__}: {exc}", traceback=_user_traceback(exc))
 
     def _teardown_all(self) -> None:
         for name in list(self.workers):

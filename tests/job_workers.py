@@ -1,0 +1,99 @@
+"""Workers and flows used by the multi-rank tests (imported on every rank via PYTHONPATH)."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from rlinf_hpc.scheduler import Coordinator
+from rlinf_hpc.workers import Worker
+
+
+class ProbeWorker(Worker):
+    """Methods that let tests see what happened on the rank."""
+
+    def setup(self, marker: str = "") -> None:
+        self.marker = marker
+        self.calls = 0
+
+    def echo(self, value: Any) -> Any:
+        self.calls += 1
+        return {"rank": self.rank, "value": value, "calls": self.calls, "marker": self.marker}
+
+    def fail(self, message: str) -> None:
+        raise ValueError(message)
+
+    def sleep(self, seconds: float) -> float:
+        start = time.process_time()
+        time.sleep(seconds)
+        return time.process_time() - start
+
+    def cpu_seconds(self) -> float:
+        """CPU time (user+sys) this rank's process has used so far."""
+        times = os.times()
+        return times.user + times.system
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def _cpu_of_all(coordinator: Coordinator) -> float:
+    own = os.times().user + os.times().system
+    workers = sum(
+        sum(coordinator.group(name).call("cpu_seconds").result())
+        for name in coordinator.placement.groups
+    )
+    return own + workers
+
+
+def idle_flow(coordinator: Coordinator) -> dict[str, float]:
+    """One worker sleeps 3 s; everyone else idles. Returns the CPU share used meanwhile."""
+    first = next(iter(coordinator.placement.groups))
+    before = _cpu_of_all(coordinator)
+    start = time.monotonic()
+    coordinator.group(first).subset([0]).call("sleep", 3.0).result()
+    wall = time.monotonic() - start
+    used = _cpu_of_all(coordinator) - before
+    print(f"IDLE_CPU_FRACTION {used / wall:.4f}", flush=True)
+    return {"cpu_fraction": used / wall}
+
+
+def failing_flow(coordinator: Coordinator) -> None:
+    """A worker method raises; the flow does not catch it."""
+    coordinator.group("beta").call("fail", "boom from the test").result()
+
+
+def hanging_flow(coordinator: Coordinator) -> None:
+    """A worker runs far longer than job.call_timeout_s allows."""
+    coordinator.group("alpha").call("sleep", 120.0).result()
+
+
+def signal_flow(coordinator: Coordinator) -> None:
+    """Print every pid, then wait forever in a worker call (the test sends a signal)."""
+    pids = [os.getpid()]
+    for name in coordinator.placement.groups:
+        pids += coordinator.group(name).call("pid").result()
+    print("PIDS " + " ".join(map(str, pids)), flush=True)
+    coordinator.group("alpha").call("sleep", 120.0).result(timeout=300)
+
+
+def repartition_flow(coordinator: Coordinator) -> dict[str, Any]:
+    """Move a rank from beta to alpha and check both groups' new communicators work."""
+    before = {
+        name: coordinator.group(name).call("group_check").result()
+        for name in coordinator.placement.groups
+    }
+    coordinator.group("alpha").call("echo", 1).result()
+    alpha, beta = coordinator.placement.ranks_of("alpha"), coordinator.placement.ranks_of("beta")
+    moved = beta[-1]
+    coordinator.repartition({"alpha": alpha + [moved], "beta": beta[:-1]})
+    after = {
+        name: coordinator.group(name).call("group_check").result()
+        for name in coordinator.placement.groups
+    }
+    echoes = coordinator.group("alpha").call("echo", 2).result()
+    result = {"before": before, "after": after, "echoes": echoes, "moved": moved,
+              "placement": coordinator.placement.groups}
+    print("REPARTITION " + repr(result), flush=True)
+    return result
