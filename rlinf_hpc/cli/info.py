@@ -13,9 +13,10 @@ from rlinf_hpc.runtime.console import print_table
 def run_info() -> int:
     """Every rank describes itself; rank 0 prints one table."""
     environment = detect_environment()
+    setup_logging(environment.rank if environment.rank is not None else "?", "info")
     control = ControlPlane()
-    setup_logging(control.rank, "info")
     environment.check_against_mpi(control.rank, control.size)
+    setup_logging(control.rank, "info")
     infos = control.gather_to_coordinator(local_rank_info(control.rank, environment))
     if control.rank != 0:
         return 0

@@ -49,7 +49,7 @@ def probe_gpus(env: Mapping[str, str] | None = None) -> GpuProbe:
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError as exc:
-        return GpuProbe(0, nvml_status=f"off ({type(exc).__name__}: {exc})")
+        return GpuProbe(0, nvml_status=f"off ({exc})")
     try:
         count = pynvml.nvmlDeviceGetCount()
         indices = _visible_indices(count, env)

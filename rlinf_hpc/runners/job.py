@@ -61,8 +61,10 @@ def run_job(request: JobRequest) -> int:
     setup_logging(environment.rank if environment.rank is not None else "?", "init")
     install_signal_handlers()
     control = ControlPlane()
-    setup_logging(control.rank, "coord" if control.rank == 0 else "worker")
+    # Before the MPI rank replaces the launcher's rank in the log prefix: if the tasks did not
+    # join one MPI world, every task is MPI rank 0 and only launcher rank 0 should speak.
     environment.check_against_mpi(control.rank, control.size)
+    setup_logging(control.rank, "coord" if control.rank == 0 else "worker")
     config = _load_on_coordinator(control, request)
     setup_logging(control.rank, "coord" if control.rank == 0 else "worker", config.job.log_level)
     infos = control.gather_to_coordinator(local_rank_info(control.rank, environment))
