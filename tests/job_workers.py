@@ -41,8 +41,7 @@ class ProbeWorker(Worker):
 def _cpu_of_all(coordinator: Coordinator) -> float:
     own = os.times().user + os.times().system
     workers = sum(
-        sum(coordinator.group(name).call("cpu_seconds").result())
-        for name in coordinator.placement.groups
+        sum(coordinator.group(name).call("cpu_seconds").result()) for name in coordinator.placement.groups
     )
     return own + workers
 
@@ -81,19 +80,31 @@ def signal_flow(coordinator: Coordinator) -> None:
 def repartition_flow(coordinator: Coordinator) -> dict[str, Any]:
     """Move a rank from beta to alpha and check both groups' new communicators work."""
     before = {
-        name: coordinator.group(name).call("group_check").result()
-        for name in coordinator.placement.groups
+        name: coordinator.group(name).call("group_check").result() for name in coordinator.placement.groups
     }
     coordinator.group("alpha").call("echo", 1).result()
     alpha, beta = coordinator.placement.ranks_of("alpha"), coordinator.placement.ranks_of("beta")
     moved = beta[-1]
     coordinator.repartition({"alpha": alpha + [moved], "beta": beta[:-1]})
     after = {
-        name: coordinator.group(name).call("group_check").result()
-        for name in coordinator.placement.groups
+        name: coordinator.group(name).call("group_check").result() for name in coordinator.placement.groups
     }
     echoes = coordinator.group("alpha").call("echo", 2).result()
-    result = {"before": before, "after": after, "echoes": echoes, "moved": moved,
-              "placement": coordinator.placement.groups}
+    result = {
+        "before": before,
+        "after": after,
+        "echoes": echoes,
+        "moved": moved,
+        "placement": coordinator.placement.groups,
+    }
     print("REPARTITION " + repr(result), flush=True)
+    return result
+
+
+def check_flow(coordinator: Coordinator) -> dict[str, Any]:
+    """Every group runs its communicator check; the result is printed as one line."""
+    result = {
+        name: coordinator.group(name).call("group_check").result() for name in coordinator.placement.groups
+    }
+    print("CHECK " + repr(result), flush=True)
     return result

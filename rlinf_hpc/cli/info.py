@@ -42,7 +42,7 @@ def run_info() -> int:
             compress_cpus(slot.cpus),
             info.gpus.nvml_status,
         )
-        for slot, info in zip(slots, sorted(infos, key=lambda i: i.rank))
+        for slot, info in zip(slots, sorted(infos, key=lambda i: i.rank), strict=True)
     ]
     print_table(
         "ranks",

@@ -27,8 +27,12 @@ def _positive_int(text: str) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
+    # --debug works before or after the subcommand; SUPPRESS keeps a subcommand's default from
+    # overwriting a --debug given before it.
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--debug", action="store_true", help="show tracebacks for user errors")
+    common.add_argument(
+        "--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks for user errors"
+    )
     parser = argparse.ArgumentParser(
         prog="rlinf-hpc",
         parents=[common],
@@ -41,14 +45,22 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = commands.add_parser(
-        "run", parents=[common], help="run a job from a TOML config",
+        "run",
+        parents=[common],
+        help="run a job from a TOML config",
         description="Run a job. Outside srun/mpiexec it starts its own ranks with the venv's "
         "mpiexec (--np, default job.num_ranks); inside a SLURM step or an mpiexec it runs in place.",
     )
     run.add_argument("config", help="path of the TOML job config")
     run.add_argument("--np", type=_positive_int, help="ranks to start (default: job.num_ranks)")
-    run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                     help="override a config key, e.g. --set job.num_ranks=8 (repeatable)")
+    run.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key, e.g. --set job.num_ranks=8 (repeatable)",
+    )
     run.add_argument("--run-dir", help="directory for this run's config, events and summary")
 
     info = commands.add_parser(
@@ -132,6 +144,7 @@ def _cmd_info(args: argparse.Namespace, argv: list[str]) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
+    args.debug = getattr(args, "debug", False)
     try:
         if args.command == "run":
             return _cmd_run(args, argv)

@@ -99,7 +99,5 @@ def build_topology(infos: list[RankInfo]) -> list[RankSlot]:
         local_rank = info.env_local_rank if info.env_local_rank is not None else order
         num_gpus = info.gpus.num_visible
         device = f"cuda:{local_rank % num_gpus}" if num_gpus else "cpu"
-        slots.append(
-            RankSlot(info.rank, info.hostname, node_index, local_rank, device, info.cpus, num_gpus)
-        )
+        slots.append(RankSlot(info.rank, info.hostname, node_index, local_rank, device, info.cpus, num_gpus))
     return slots

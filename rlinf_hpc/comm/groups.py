@@ -41,8 +41,7 @@ class GroupComm:
         poll_until(
             lambda: True if request.Test() else None,
             timeout,
-            lambda: f"group '{self.name}' rank {self.rank} waited in barrier for ranks "
-            f"{self.world_ranks}",
+            lambda: f"group '{self.name}' rank {self.rank} waited in barrier for ranks {self.world_ranks}",
         )
 
     def allgather(self, obj: Any) -> list[Any]:

@@ -7,13 +7,13 @@ and how to fix it (nearest valid key for typos, line/column for TOML syntax erro
 from __future__ import annotations
 
 import difflib
-import tomllib
 import types
 import typing
 from pathlib import Path
 from typing import Any
 
 import tomli_w
+import tomllib
 from pydantic import BaseModel, ValidationError
 
 from rlinf_hpc.config.schema import Config
@@ -34,8 +34,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     parts = [p.strip() for p in key.strip().split(".")]
     if not sep or not all(parts):
         raise UserError(
-            f"--set '{text}' is not of the form KEY=VALUE with a dotted KEY "
-            "(e.g. --set job.num_ranks=8)."
+            f"--set '{text}' is not of the form KEY=VALUE with a dotted KEY (e.g. --set job.num_ranks=8)."
         )
     raw = raw.strip()
     try:
@@ -109,7 +108,8 @@ def _valid_keys_at(loc: tuple[Any, ...]) -> list[str]:
 def _describe_error(err: dict[str, Any], overridden: set[str]) -> str:
     loc = tuple(err["loc"])
     dotted = ".".join(str(p) for p in loc) or "(top level)"
-    origin = " (set with --set)" if dotted in overridden else ""
+    touched = any(key == dotted or key.startswith(dotted + ".") for key in overridden)
+    origin = " (set with --set)" if touched else ""
     if err["type"] == "extra_forbidden":
         valid = _valid_keys_at(loc[:-1])
         near = difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.5)
@@ -124,9 +124,7 @@ def _describe_error(err: dict[str, Any], overridden: set[str]) -> str:
     return f"`{dotted}`{origin}: {err['msg']}, got {shown}."
 
 
-def config_from_dict(
-    data: dict[str, Any], source: str, overridden: set[str] | None = None
-) -> Config:
+def config_from_dict(data: dict[str, Any], source: str, overridden: set[str] | None = None) -> Config:
     """Validate an already-parsed dict; errors name ``source`` (a path or "--set")."""
     try:
         return Config.model_validate(data)

@@ -73,9 +73,7 @@ class ComponentConfig(_Section):
     @classmethod
     def _check_import_path(cls, value: str) -> str:
         if not _IMPORT_PATH.match(value):
-            raise ValueError(
-                f"'{value}' is not an import path of the form 'package.module:ClassName'"
-            )
+            raise ValueError(f"'{value}' is not an import path of the form 'package.module:ClassName'")
         return value
 
     @model_validator(mode="after")

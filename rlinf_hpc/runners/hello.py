@@ -28,7 +28,7 @@ def hello_flow(coordinator: Coordinator) -> dict[str, Any]:
         outputs = sorted(x for reply in replies for x in reply["outputs"])
         summary[name] = {"outputs": outputs, "ranks": [r["rank"] for r in replies]}
         for reply in replies:
-            pairs = ", ".join(f"{i}->{o}" for i, o in zip(reply["inputs"], reply["outputs"]))
+            pairs = ", ".join(f"{i}->{o}" for i, o in zip(reply["inputs"], reply["outputs"], strict=True))
             rows.append((name, str(reply["rank"]), reply["device"], pairs))
     print_table("hello: what came back", ["component", "rank", "device", "input->output"], rows)
     return summary

@@ -86,11 +86,16 @@ def _coordinate(
     events = EventLog(run_dir / "events.jsonl" if run_dir else None, rank=0)
     slots = build_topology(infos)
     coordinator = Coordinator(config, control, slots)
-    log.info("job '%s': %d ranks on %d node(s), %s; %s", config.job.name, control.size,
-             len({s.hostname for s in slots}), environment.describe(), library_version())
+    log.info(
+        "job '%s': %d ranks on %d node(s), %s; %s",
+        config.job.name,
+        control.size,
+        len({s.hostname for s in slots}),
+        environment.describe(),
+        library_version(),
+    )
     if request.requested_ranks and request.requested_ranks != control.size:
-        log.warning("--np %d ignored: the launcher started %d ranks", request.requested_ranks,
-                    control.size)
+        log.warning("--np %d ignored: the launcher started %d ranks", request.requested_ranks, control.size)
     outcome = "failed"
     try:
         if run_dir:
@@ -137,8 +142,11 @@ def _coordinate(
 def _write_summary(run_dir: Path | None, outcome: str, started: float, result: Any) -> None:
     if run_dir is None:
         return
-    summary = {"outcome": outcome, "wall_seconds": round(time.monotonic() - started, 3),
-               "flow_result": result}
+    summary = {
+        "outcome": outcome,
+        "wall_seconds": round(time.monotonic() - started, 3),
+        "flow_result": result,
+    }
     tmp = run_dir / "summary.json.tmp"
     tmp.write_text(json.dumps(summary, indent=2, default=str), encoding="utf-8")
     tmp.replace(run_dir / "summary.json")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from rlinf_hpc.cluster import RankSlot
@@ -68,9 +68,7 @@ class Coordinator:
     def group(self, name: str) -> ComponentGroup:
         """Handle on a component group by name."""
         if name not in self.placement.groups:
-            raise KeyError(
-                f"no component '{name}'; the job has {', '.join(self.placement.groups)}"
-            )
+            raise KeyError(f"no component '{name}'; the job has {', '.join(self.placement.groups)}")
         return ComponentGroup(self, name)
 
     def repartition(self, new_groups: Mapping[str, Sequence[int]]) -> Placement:
@@ -92,35 +90,43 @@ class Coordinator:
                 )
         target = {name: sorted(new_groups.get(name, ranks)) for name, ranks in current.items()}
         changed = [name for name in current if target[name] != current[name]]
-        leaving = [
-            (name, rank) for name in changed for rank in current[name] if rank not in target[name]
-        ]
-        futures = [self._send(rank, name, "teardown", lambda cid, n=name: Leave(cid, n))
-                   for name, rank in leaving]
-        self._wait_all(futures, "leave")
+        leaving = [(name, rank) for name in changed for rank in current[name] if rank not in target[name]]
+        futures = []
+        for name, rank in leaving:
+            future = self._new_future(rank, name, "teardown")
+            self.control.send_command(rank, Leave(future.call_id, name))
+            futures.append(future)
+        self._wait_all(futures)
         self._form_groups(target, changed)
         self._placement = Placement(target)
         log.info("repartitioned: %s", ", ".join(f"{n}={target[n]}" for n in changed) or "no change")
         return self._placement
 
-    def _form_groups(self, groups: Mapping[str, list[int]], names: Any) -> None:
+    def _form_groups(self, groups: Mapping[str, list[int]], names: Iterable[str]) -> None:
         futures = []
         for name in names:
             component = self.config.components[name]
             tag = self._next_comm_tag
             self._next_comm_tag += 1
             for rank in groups[name]:
-                device = effective_device(component, self._slot_of[rank])
-
-                def make(cid: int, n: str = name, d: str = device, t: int = tag) -> Join:
-                    return Join(cid, n, component.worker, tuple(groups[n]), t,
-                                dict(self.config.components[n].options), d, self.config.job.seed)
-
-                futures.append(self._send(rank, name, "setup", make))
-        self._wait_all(futures, "join")
+                future = self._new_future(rank, name, "setup")
+                join = Join(
+                    future.call_id,
+                    name,
+                    component.worker,
+                    tuple(groups[name]),
+                    tag,
+                    dict(component.options),
+                    effective_device(component, self._slot_of[rank]),
+                    self.config.job.seed,
+                )
+                self.control.send_command(rank, join)
+                futures.append(future)
+        self._wait_all(futures)
 
     # -- calls -------------------------------------------------------------------------------
-    def _send(self, rank: int, component: str, method: str, build: Any) -> CallFuture:
+    def _new_future(self, rank: int, component: str, method: str) -> CallFuture:
+        """Register a future for a command about to be sent to ``rank``."""
         self._raise_if_fatal()
         if rank in self._departed:
             raise WorkerError(rank, component, method, "the rank has left the job", "")
@@ -129,7 +135,6 @@ class Coordinator:
         future = CallFuture(call_id, rank, component, method, self._wait_for)
         self._pending.setdefault(call_id, {})[rank] = future
         self._busy[rank][call_id] = future
-        self.control.send_command(rank, build(call_id))
         return future
 
     def send_calls(
@@ -143,14 +148,14 @@ class Coordinator:
         """Send ``method`` to each rank (used by `ComponentGroup`); returns futures at once."""
         if not method or method.startswith("_"):
             raise ValueError(f"'{method}' is not a public worker method name")
-        futures = [
-            self._send(rank, component, method,
-                       lambda cid, a=args: Call(cid, component, method, a, kwargs))
-            for rank, args in zip(ranks, per_rank_args, strict=True)
-        ]
+        futures = []
+        for rank, args in zip(ranks, per_rank_args, strict=True):
+            future = self._new_future(rank, component, method)
+            self.control.send_command(rank, Call(future.call_id, component, method, args, kwargs))
+            futures.append(future)
         return GroupFuture(futures)
 
-    def _wait_all(self, futures: list[CallFuture], what: str) -> None:
+    def _wait_all(self, futures: list[CallFuture]) -> None:
         GroupFuture(futures).result(self.config.job.call_timeout_s)
 
     # -- receiving ---------------------------------------------------------------------------
@@ -172,12 +177,20 @@ class Coordinator:
         for future in lost:
             self._pending.get(future.call_id, {}).pop(rank, None)
             reason = message.error or f"the rank left the job ({message.reason})"
-            future._resolve(Reply(future.call_id, rank, future.component, False, error=reason,
-                                  traceback=message.traceback))
+            future._resolve(
+                Reply(
+                    future.call_id, rank, future.component, False, error=reason, traceback=message.traceback
+                )
+            )
         if message.reason != "shutdown" and self._fatal is None:
             components = ", ".join(self.placement.components_on(rank)) if self._placement else "-"
-            self._fatal = WorkerError(rank, components or "-", "its service loop",
-                                      message.error or message.reason, message.traceback)
+            self._fatal = WorkerError(
+                rank,
+                components or "-",
+                "its service loop",
+                message.error or message.reason,
+                message.traceback,
+            )
 
     def pump(self) -> bool:
         """Receive and route every reply that has arrived. True if any did."""
@@ -200,8 +213,10 @@ class Coordinator:
         poll_until(
             poll,
             timeout,
-            lambda: f"coordinator (rank 0) waited for rank {future.rank} (component "
-            f"'{future.component}') to finish {future.method} (call #{future.call_id})",
+            lambda: (
+                f"coordinator (rank 0) waited for rank {future.rank} (component "
+                f"'{future.component}') to finish {future.method} (call #{future.call_id})"
+            ),
         )
 
     # -- shutdown ----------------------------------------------------------------------------
@@ -223,11 +238,16 @@ class Coordinator:
             return True
         busy = "; ".join(
             f"rank {r} busy in {', '.join(f.describe() for f in self._busy.get(r, {}).values())}"
-            if self._busy.get(r) else f"rank {r} idle"
+            if self._busy.get(r)
+            else f"rank {r} idle"
             for r in silent
         )
-        log.error("ranks %s did not acknowledge shutdown within %.0f s (%s): aborting the job",
-                  silent, timeout, busy)
+        log.error(
+            "ranks %s did not acknowledge shutdown within %.0f s (%s): aborting the job",
+            silent,
+            timeout,
+            busy,
+        )
         abort(exit_code or 1)
         return False
 
@@ -237,7 +257,7 @@ def describe_failure(exc: BaseException) -> str:
     if isinstance(exc, WorkerError):
         text = f"job failed: {exc}"
         if exc.remote_traceback:
-            text += "\n  remote traceback (rank %d):\n    " % exc.rank
+            text += f"\n  remote traceback (rank {exc.rank}):\n    "
             text += exc.remote_traceback.rstrip().replace("\n", "\n    ")
         return text
     if isinstance(exc, CommTimeoutError):

@@ -23,9 +23,7 @@ if TYPE_CHECKING:
 class ComponentGroup:
     """Worker ranks of one component, or a fixed subset of them (`subset`)."""
 
-    def __init__(
-        self, coordinator: Coordinator, name: str, group_ranks: Sequence[int] | None = None
-    ) -> None:
+    def __init__(self, coordinator: Coordinator, name: str, group_ranks: Sequence[int] | None = None) -> None:
         self._coordinator = coordinator
         self.name = name
         self._group_ranks = None if group_ranks is None else list(group_ranks)

@@ -59,7 +59,7 @@ def _check_explicit(name: str, component: ComponentConfig, slots: dict[int, Rank
         raise UserError(
             f"component '{name}' has device = \"gpu\" but ranks {no_gpu} see no GPU. Ask SLURM "
             "for GPUs (e.g. `sbatch --gpus-per-task=1`), check CUDA_VISIBLE_DEVICES, or set "
-            f"components.{name}.device = \"cpu\"."
+            f'components.{name}.device = "cpu".'
         )
 
 
@@ -93,9 +93,9 @@ def plan_placement(config: Config, slots: list[RankSlot]) -> Placement:
             if component.device == "gpu" and len(free) >= component.num_ranks:
                 raise UserError(
                     f"component '{name}' needs {component.num_ranks} rank(s) with a GPU "
-                    f"(device = \"gpu\"), but only {len(usable)} free worker rank(s) see one. Ask "
+                    f'(device = "gpu"), but only {len(usable)} free worker rank(s) see one. Ask '
                     "SLURM for GPUs (e.g. `sbatch --gpus-per-task=1`) or set "
-                    f"components.{name}.device = \"cpu\"."
+                    f'components.{name}.device = "cpu".'
                 )
             total = config.num_worker_ranks_needed + 1
             raise UserError(
@@ -110,9 +110,7 @@ def plan_placement(config: Config, slots: list[RankSlot]) -> Placement:
     return Placement(ordered)
 
 
-def placement_rows(
-    config: Config, placement: Placement, slots: list[RankSlot]
-) -> list[tuple[str, ...]]:
+def placement_rows(config: Config, placement: Placement, slots: list[RankSlot]) -> list[tuple[str, ...]]:
     """Rows (component, rank, node, local rank, device, cpus) for the start-up table."""
     by_rank = {s.rank: s for s in slots}
     coordinator = by_rank[COORDINATOR_RANK]

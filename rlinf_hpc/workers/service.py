@@ -93,8 +93,7 @@ class WorkerService:
         method = getattr(worker, command.method, None)
         if method is None or not callable(method):
             raise AttributeError(
-                f"{type(worker).__name__} (component '{command.component}') has no method "
-                f"'{command.method}'"
+                f"{type(worker).__name__} (component '{command.component}') has no method '{command.method}'"
             )
         return method(*command.args, **command.kwargs)
 
@@ -106,8 +105,14 @@ class WorkerService:
         except JobInterrupted:
             raise
         except BaseException as exc:  # noqa: BLE001 - every failure goes back to rank 0
-            return Reply(command.call_id, self.rank, command.component, False,
-                         error=f"{type(exc).__name__}: {exc}", traceback=_user_traceback(exc))
+            return Reply(
+                command.call_id,
+                self.rank,
+                command.component,
+                False,
+                error=f"{type(exc).__name__}: {exc}",
+                traceback=_user_traceback(exc),
+            )
 
     def _teardown_all(self) -> None:
         for name in list(self.workers):
@@ -143,5 +148,3 @@ class WorkerService:
             self.control.flush(timeout=5.0, describe="sending Bye to the coordinator")
         except Exception:  # noqa: BLE001 - the coordinator may be gone already
             log.warning("could not deliver Bye to the coordinator")
-
-

@@ -1,0 +1,111 @@
+"""Shared helpers: run the CLI (and mpiexec) as a user would, always with a timeout."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+TESTS_DIR = Path(__file__).resolve().parent
+REPO = TESTS_DIR.parent
+BIN = Path(sys.executable).parent
+CONFIGS = REPO / "configs"
+
+
+@dataclass
+class Completed:
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+
+def job_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for child jobs: test workers importable, one thread per rank, no launcher."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SLURM_", "PMI_", "OMPI_", "PMIX_", "MPI_LOCAL", "RLINF_HPC_"))
+    }
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS_DIR), env.get("PYTHONPATH")]))
+    env["OMP_NUM_THREADS"] = "1"
+    env["PATH"] = os.pathsep.join([str(BIN), env.get("PATH", "")])
+    if "SLURM_CONF" in os.environ:
+        env["SLURM_CONF"] = os.environ["SLURM_CONF"]
+    env.update(extra or {})
+    return env
+
+
+def run_command(
+    args: list[str], timeout: float = 120, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> Completed:
+    """Run a command to completion; a hang fails the test instead of stalling the suite."""
+    try:
+        proc = subprocess.run(
+            args,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env or job_env(),
+            cwd=cwd or REPO,
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        err = exc.stderr.decode() if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+        pytest.fail(f"{args} did not finish within {timeout} s\nstdout:\n{out}\nstderr:\n{err}")
+    return Completed(proc.returncode, proc.stdout, proc.stderr)
+
+
+def rlinf(*args: str, timeout: float = 120, env: dict[str, str] | None = None) -> Completed:
+    """``rlinf-hpc ARGS`` from this venv."""
+    return run_command([str(BIN / "rlinf-hpc"), *args], timeout=timeout, env=env)
+
+
+def mpiexec(num_ranks: int, *args: str, timeout: float = 120, env: dict[str, str] | None = None) -> Completed:
+    """``mpiexec -n N rlinf-hpc ARGS`` (ranks run in place, no self-launch)."""
+    env = env or job_env()
+    env.setdefault("MPIEXEC_TIMEOUT", str(int(timeout)))  # Hydra kills a hung job itself too
+    return run_command(
+        [str(BIN / "mpiexec"), "-n", str(num_ranks), str(BIN / "rlinf-hpc"), *args],
+        timeout=timeout + 10,
+        env=env,
+    )
+
+
+@pytest.fixture
+def probe_config(tmp_path: Path) -> Path:
+    """A config with two components of ProbeWorker (alpha: 1 rank, beta: 1 rank)."""
+    path = tmp_path / "probe.toml"
+    path.write_text(
+        '[job]\nname = "probe"\nnum_ranks = 3\ncall_timeout_s = 60\n'
+        '[components.alpha]\nworker = "job_workers:ProbeWorker"\n'
+        '[components.beta]\nworker = "job_workers:ProbeWorker"\n'
+        '[flow]\nrunner = "job_workers:idle_flow"\n'
+    )
+    return path
+
+
+def running(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie (nobody may reap ranks whose parent died)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+def survivors(pids: list[int], grace: float = 5.0) -> list[int]:
+    """The pids still running after up to ``grace`` seconds."""
+    deadline = time.monotonic() + grace
+    while (alive := [p for p in pids if running(p)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return alive

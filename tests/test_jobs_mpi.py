@@ -1,0 +1,212 @@
+"""Whole jobs under the bundled mpiexec: placement, calls, failures, signals, re-partition.
+
+Every job runs with a timeout (ours and Hydra's MPIEXEC_TIMEOUT): a hang fails the test.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import BIN, CONFIGS, job_env, mpiexec, rlinf, survivors
+
+pytestmark = pytest.mark.mpi
+
+
+def _line(output: str, prefix: str) -> str:
+    lines = [line for line in output.splitlines() if line.startswith(prefix)]
+    assert len(lines) == 1, output
+    return lines[0][len(prefix) :]
+
+
+def _probe_toml(tmp_path: Path, flow: str, alpha: int = 1, beta: int = 1, extra: str = "") -> Path:
+    path = tmp_path / "job.toml"
+    path.write_text(
+        f'[job]\nname = "probe"\nnum_ranks = {1 + alpha + beta}\ncall_timeout_s = 60\n{extra}\n'
+        f'[components.alpha]\nworker = "job_workers:ProbeWorker"\nnum_ranks = {alpha}\n'
+        f'options = {{ marker = "A" }}\n'
+        f'[components.beta]\nworker = "job_workers:ProbeWorker"\nnum_ranks = {beta}\n'
+        f'[flow]\nrunner = "job_workers:{flow}"\n'
+    )
+    return path
+
+
+def test_hello_launches_four_ranks_and_prints_results(tmp_path: Path) -> None:
+    result = rlinf("run", str(CONFIGS / "hello.toml"), "--run-dir", str(tmp_path / "run"))
+    assert result.returncode == 0, result.output
+    assert "placement: 4 ranks" in result.stdout
+    assert "(coordinator)" in result.stdout
+    assert "1->1, 2->4, 3->9, 4->16, 5->25, 6->36, 7->49, 8->64" in result.stdout  # squarer
+    assert "1->2, 3->6, 5->10, 7->14" in result.stdout  # doubler rank 1 of 2
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["outcome"] == "ok"
+    assert summary["flow_result"]["doubler"]["outputs"] == [2 * x for x in range(1, 9)]
+    events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    assert events[0]["event"] == "placement" and events[-1]["outcome"] == "ok"
+    assert (tmp_path / "run" / "config.toml").exists()
+
+
+@pytest.mark.parametrize("num_ranks", [2, 4])
+def test_in_place_under_mpiexec_groups_have_working_communicators(tmp_path: Path, num_ranks: int) -> None:
+    path = tmp_path / "one.toml"
+    path.write_text(
+        f'[components.alpha]\nworker = "job_workers:ProbeWorker"\nnum_ranks = {num_ranks - 1}\n'
+        '[flow]\nrunner = "job_workers:check_flow"\n'
+    )
+    result = mpiexec(num_ranks, "run", str(path))
+    assert result.returncode == 0, result.output
+    assert "starting" not in result.stderr  # ran in place, no self-launch
+    checks = ast.literal_eval(_line(result.stdout, "CHECK "))["alpha"]
+    workers = list(range(1, num_ranks))
+    assert [c["rank"] for c in checks] == workers
+    assert all(c["ranks"] == workers and c["rank_sum"] == sum(workers) for c in checks)
+
+
+def test_worker_exception_ends_job_with_one_message(tmp_path: Path) -> None:
+    start = time.monotonic()
+    result = rlinf("run", str(_probe_toml(tmp_path, "failing_flow")), timeout=60)
+    assert result.returncode == 1, result.output
+    assert time.monotonic() - start < 30
+    message = "rank 2 (component 'beta') failed in fail: ValueError: boom from the test"
+    assert result.stderr.count(message) == 1, result.stderr
+    assert 'job_workers.py", line' in result.stderr  # the worker's own traceback comes back
+    assert "service.py" not in result.stderr  # without our plumbing frames
+
+
+def test_hung_worker_call_times_out_naming_rank_and_method(tmp_path: Path) -> None:
+    start = time.monotonic()
+    result = rlinf(
+        "run", str(_probe_toml(tmp_path, "hanging_flow")), "--set", "job.call_timeout_s=2", timeout=60
+    )
+    assert result.returncode != 0
+    assert time.monotonic() - start < 30
+    assert "waited for rank 1 (component 'alpha') to finish sleep" in result.stderr, result.stderr
+    assert "no answer after 2.0 s" in result.stderr
+
+
+def test_worker_setup_error_names_rank_component(tmp_path: Path) -> None:
+    result = rlinf(
+        "run", str(CONFIGS / "hello.toml"), "--set", "components.squarer.options.operation=cube", timeout=60
+    )
+    assert result.returncode == 1, result.output
+    assert "rank 3 (component 'squarer') failed in setup" in result.stderr
+    assert "operation 'cube' is not one of" in result.stderr
+
+
+def test_missing_worker_class_is_a_user_error(tmp_path: Path) -> None:
+    result = rlinf(
+        "run", str(CONFIGS / "hello.toml"), "--set", "components.squarer.worker=job_workers:Nope", timeout=60
+    )
+    assert result.returncode == 2, result.output
+    assert "'Nope' in module 'job_workers' is missing" in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_bad_config_in_place_prints_once_and_all_ranks_exit_2(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text('[components.a]\nworker = "job_workers:ProbeWorker"\nnum_rank = 1\n')
+    result = mpiexec(3, "run", str(path))
+    assert result.returncode == 2, result.output
+    assert result.stderr.count("rlinf-hpc: error:") == 1, result.stderr
+    assert "Did you mean `num_ranks`?" in result.stderr
+
+
+def test_one_rank_in_place_is_a_user_error() -> None:
+    result = mpiexec(1, "run", str(CONFIGS / "hello.toml"))
+    assert result.returncode == 2, result.output
+    assert "single rank" in result.stderr and "Traceback" not in result.output
+
+
+def _start(args: list[str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        args,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=job_env({"MPIEXEC_TIMEOUT": "90"}),
+        start_new_session=True,
+    )
+
+
+def _wait_for_pids(proc: subprocess.Popen[str]) -> tuple[list[int], list[str]]:
+    lines: list[str] = []
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if line.startswith("PIDS "):
+            return [int(p) for p in line.split()[1:]], lines
+    os.killpg(proc.pid, signal.SIGKILL)
+    pytest.fail("job never printed its PIDS line:\n" + "".join(lines))
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_signal_ends_every_rank_cleanly(tmp_path: Path, signum: int, code: int) -> None:
+    proc = _start([str(BIN / "rlinf-hpc"), "run", str(_probe_toml(tmp_path, "signal_flow"))])
+    pids, lines = _wait_for_pids(proc)
+    assert len(pids) == 3
+    proc.send_signal(signum)  # rlinf-hpc exec'd mpiexec, which forwards it to every rank
+    try:
+        out, _ = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail("job did not end within 30 s of the signal")
+    assert proc.returncode == code, "".join(lines) + out
+    assert not survivors(pids)
+    assert "Traceback" not in out
+    assert f"received {signal.Signals(signum).name}: stopping every rank" in out
+
+
+def test_signal_to_coordinator_alone_still_ends_job(tmp_path: Path) -> None:
+    proc = _start([str(BIN / "rlinf-hpc"), "run", str(_probe_toml(tmp_path, "signal_flow"))])
+    pids, lines = _wait_for_pids(proc)
+    os.kill(pids[0], signal.SIGTERM)
+    try:
+        out, _ = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail("job did not end within 30 s of signalling rank 0")
+    assert proc.returncode != 0
+    assert not survivors(pids)
+    # rank 1 is busy in a 120 s call, so it cannot say goodbye: rank 0 names it and aborts.
+    assert "rank 1 busy in alpha.sleep" in out, out
+
+
+def test_repartition_moves_a_rank_and_frees_old_communicators(tmp_path: Path) -> None:
+    result = rlinf("run", str(_probe_toml(tmp_path, "repartition_flow", alpha=1, beta=3)))
+    assert result.returncode == 0, result.output
+    report = ast.literal_eval(_line(result.stdout, "REPARTITION "))
+    assert report["placement"] == {"alpha": [1, 4], "beta": [2, 3]}
+    assert report["before"]["beta"][0]["ranks"] == [2, 3, 4]
+    after = report["after"]
+    assert [c["ranks"] for c in after["alpha"]] == [[1, 4], [1, 4]]
+    assert [c["rank_sum"] for c in after["beta"]] == [5, 5]
+    # each rank holds exactly one live group communicator: the old ones were freed
+    assert all(c["live_group_comms"] == 1 for group in after.values() for c in group)
+    by_rank = {e["rank"]: e for e in report["echoes"]}
+    assert by_rank[1]["calls"] == 2  # stayed in alpha: state kept
+    assert by_rank[4]["calls"] == 1 and by_rank[4]["marker"] == "A"  # joined: fresh worker
+
+
+def test_idle_four_rank_job_uses_under_ten_percent_cpu(tmp_path: Path) -> None:
+    result = rlinf("run", str(_probe_toml(tmp_path, "idle_flow", alpha=1, beta=2)))
+    assert result.returncode == 0, result.output
+    fraction = float(_line(result.stdout, "IDLE_CPU_FRACTION "))
+    assert fraction < 0.10, f"idle job used {fraction:.1%} of a core in total"
+
+
+def test_info_describes_every_rank() -> None:
+    result = rlinf("info", "--np", "2")
+    assert result.returncode == 0, result.output
+    assert "MPICH" in result.stdout and "ranks: 2 on 1 node(s)" in result.stdout
+    assert "mpiexec (Hydra/PMI) with 2 ranks" in result.stdout

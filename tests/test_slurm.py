@@ -1,0 +1,152 @@
+"""Jobs on the real local SLURM cluster (bash slurm/local/up.sh; .ci/run starts it).
+
+Skipped, with the reason, where no SLURM controller answers.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import CONFIGS, REPO, job_env, run_command, survivors
+
+pytestmark = pytest.mark.slurm
+
+
+def _slurm_reason() -> str | None:
+    if shutil.which("sbatch") is None:
+        return "sbatch not installed: run `bash slurm/local/up.sh` (installs slurm-wlm + munge)"
+    try:
+        probe = subprocess.run(
+            ["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=10, env=job_env()
+        )
+    except subprocess.TimeoutExpired:
+        return "sinfo timed out: no SLURM controller answers"
+    if probe.returncode != 0 or not probe.stdout.strip():
+        return (
+            "no SLURM controller answers (start one with `bash slurm/local/up.sh` and export "
+            f"the SLURM_CONF it prints): {probe.stderr.strip()[:200]}"
+        )
+    return None
+
+
+_REASON = _slurm_reason()
+if _REASON:
+    pytestmark = [pytest.mark.slurm, pytest.mark.skip(reason=_REASON)]
+
+
+def sbatch_wait(tmp_path: Path, *args: str, timeout: float = 180):
+    """Submit with `sbatch -W` (waits for the end; exit code = the job's)."""
+    out = tmp_path / "job.out"
+    result = run_command(["sbatch", "-W", f"--output={out}", f"--chdir={tmp_path}", *args], timeout=timeout)
+    text = out.read_text() if out.exists() else ""
+    return result, text
+
+
+def test_sbatch_single_node_template_runs_hello(tmp_path: Path) -> None:
+    result, text = sbatch_wait(tmp_path, str(REPO / "slurm/single_node.sbatch"), str(CONFIGS / "hello.toml"))
+    assert result.returncode == 0, result.output + text
+    assert "slurm step" in text and "4 tasks" in text
+    assert "placement: 4 ranks" in text
+    assert "1->1, 2->4, 3->9, 4->16, 5->25, 6->36, 7->49, 8->64" in text
+    assert "job 'hello' finished" in text
+
+
+def test_sbatch_more_tasks_and_extra_args(tmp_path: Path) -> None:
+    result, text = sbatch_wait(
+        tmp_path,
+        "-n",
+        "5",
+        str(REPO / "slurm/single_node.sbatch"),
+        str(CONFIGS / "hello.toml"),
+        "--set",
+        "components.doubler.num_ranks=3",
+    )
+    assert result.returncode == 0, result.output + text
+    assert "placement: 5 ranks" in text
+
+
+def test_sbatch_bad_config_fails_with_one_message(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[components.a]\nworker = "job_workers:ProbeWorker"\nnum_rank = 1\n')
+    result, text = sbatch_wait(tmp_path, str(REPO / "slurm/single_node.sbatch"), str(bad))
+    assert result.returncode == 2, result.output + text
+    assert text.count("rlinf-hpc: error:") == 1, text
+    assert "Did you mean `num_ranks`?" in text and "Traceback" not in text
+
+
+def test_batch_script_without_srun_launches_itself(tmp_path: Path) -> None:
+    script = tmp_path / "direct.sh"
+    script.write_text(f"#!/bin/bash\nrlinf-hpc run {CONFIGS / 'hello.toml'}\n")
+    result, text = sbatch_wait(tmp_path, "-n", "4", str(script))
+    assert result.returncode == 0, result.output + text
+    assert "inside SLURM job" in text and "placement: 4 ranks" in text
+
+
+def test_srun_without_pmi_is_explained_once() -> None:
+    result = run_command(
+        ["srun", "-n", "3", "--mpi=none", "rlinf-hpc", "run", str(CONFIGS / "hello.toml")], timeout=120
+    )
+    assert result.returncode == 2, result.output
+    assert result.stderr.count("the tasks did not join one MPI job") == 1, result.stderr
+
+
+def test_interactive_helper_runs_srun_inside_salloc() -> None:
+    result = run_command(
+        [
+            "bash",
+            str(REPO / "slurm/interactive.sh"),
+            "-n",
+            "3",
+            str(CONFIGS / "hello.toml"),
+            "--set",
+            "components.doubler.num_ranks=1",
+        ],
+        timeout=180,
+    )
+    assert result.returncode == 0, result.output
+    assert "placement: 3 ranks" in result.stdout
+
+
+def test_scancel_ends_every_rank(tmp_path: Path) -> None:
+    config = tmp_path / "sig.toml"
+    config.write_text(
+        '[components.alpha]\nworker = "job_workers:ProbeWorker"\n'
+        '[components.beta]\nworker = "job_workers:ProbeWorker"\n'
+        '[flow]\nrunner = "job_workers:signal_flow"\n'
+    )
+    out = tmp_path / "job.out"
+    submit = run_command(
+        [
+            "sbatch",
+            "--parsable",
+            "-n",
+            "3",
+            f"--output={out}",
+            str(REPO / "slurm/single_node.sbatch"),
+            str(config),
+        ],
+        timeout=30,
+    )
+    assert submit.returncode == 0, submit.output
+    job_id = submit.stdout.strip().split(";")[0]
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and "PIDS " not in (out.read_text() if out.exists() else ""):
+        time.sleep(0.2)
+    text = out.read_text()
+    assert "PIDS " in text, text
+    pids = [int(p) for p in text.split("PIDS ", 1)[1].splitlines()[0].split()]
+    run_command(["scancel", job_id], timeout=30)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        queue = run_command(["squeue", "-h", "-j", job_id], timeout=30)
+        if job_id not in queue.stdout:
+            break
+        time.sleep(0.3)
+    else:
+        pytest.fail(f"job {job_id} still queued 60 s after scancel")
+    assert not survivors(pids), out.read_text()
