@@ -1,16 +1,27 @@
-"""Communication: the MPI world, the control plane, group communicators, non-spinning waits.
+"""Communication: control plane, data plane (structured P2P + collectives), group communicators.
 
 Only this package touches MPI (and, later, NCCL/torch.distributed) handles directly.
 """
 
+from rlinf_hpc.comm.collectives import CollectiveMismatchError
 from rlinf_hpc.comm.control import COORDINATOR_RANK, ControlPlane
+from rlinf_hpc.comm.dataplane import CommOptions, DataPlane
+from rlinf_hpc.comm.directory import Address, Directory
 from rlinf_hpc.comm.groups import GroupComm, create_group_comm, live_group_comms
+from rlinf_hpc.comm.handles import WorkHandle, wait_all
 from rlinf_hpc.comm.mpi import abort, library_version, world_rank, world_size
 from rlinf_hpc.comm.waiting import Backoff, poll_until
 
 __all__ = [
     "COORDINATOR_RANK",
+    "Address",
     "Backoff",
+    "CollectiveMismatchError",
+    "CommOptions",
+    "DataPlane",
+    "Directory",
+    "WorkHandle",
+    "wait_all",
     "ControlPlane",
     "GroupComm",
     "abort",

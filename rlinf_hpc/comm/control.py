@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlinf_hpc.comm.mpi import mpi, world
-from rlinf_hpc.comm.waiting import Backoff, poll_until
+from rlinf_hpc.comm.waiting import poll_until
 
 COORDINATOR_RANK = 0
 _COMMAND_TAG = 11
@@ -79,15 +79,6 @@ class ControlPlane:
         """Worker: the next command from the coordinator, or None."""
         received = self._try_receive(COORDINATOR_RANK, _COMMAND_TAG)
         return None if received is None else received[1]
-
-    def receive_command(self, backoff: Backoff, timeout: float | None = None) -> Any:
-        """Worker: wait (sleeping between probes) for the next command."""
-        return poll_until(
-            self.try_receive_command,
-            timeout,
-            lambda: f"rank {self.rank} waited for a command from the coordinator (rank 0)",
-            backoff,
-        )
 
     def free(self) -> None:
         """Release the duplicated communicator (after the last message)."""

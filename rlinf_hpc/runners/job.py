@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from rlinf_hpc.cluster import JobEnvironment, build_topology, detect_environment, local_rank_info
-from rlinf_hpc.comm import ControlPlane, library_version
+from rlinf_hpc.comm import ControlPlane, DataPlane, library_version
 from rlinf_hpc.config import Config, config_to_toml, load_config
 from rlinf_hpc.errors import CommTimeoutError, JobInterrupted, UserError, WorkerError
 from rlinf_hpc.log import get_logger, setup_logging
@@ -68,15 +68,17 @@ def run_job(request: JobRequest) -> int:
     config = _load_on_coordinator(control, request)
     setup_logging(control.rank, "coord" if control.rank == 0 else "worker", config.job.log_level)
     infos = control.gather_to_coordinator(local_rank_info(control.rank, environment))
+    comm = DataPlane()  # collective: every rank, same order
     if control.rank != 0:
-        return WorkerService(control).serve()
+        return WorkerService(control, comm).serve()
     assert infos is not None
-    return _coordinate(config, control, infos, environment, request)
+    return _coordinate(config, control, comm, infos, environment, request)
 
 
 def _coordinate(
     config: Config,
     control: ControlPlane,
+    comm: DataPlane,
     infos: list[Any],
     environment: JobEnvironment,
     request: JobRequest,
@@ -85,7 +87,7 @@ def _coordinate(
     run_dir = Path(request.run_dir) if request.run_dir else None
     events = EventLog(run_dir / "events.jsonl" if run_dir else None, rank=0)
     slots = build_topology(infos)
-    coordinator = Coordinator(config, control, slots)
+    coordinator = Coordinator(config, control, slots, comm)
     log.info(
         "job '%s': %d ranks on %d node(s), %s; %s",
         config.job.name,

@@ -14,14 +14,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from rlinf_hpc.cluster import RankSlot
-from rlinf_hpc.comm import COORDINATOR_RANK, Backoff, ControlPlane, abort, poll_until
+from rlinf_hpc.comm import COORDINATOR_RANK, Backoff, ControlPlane, DataPlane, Directory, abort, poll_until
 from rlinf_hpc.config import Config
 from rlinf_hpc.errors import CommTimeoutError, UserError, WorkerError
 from rlinf_hpc.log import get_logger
 from rlinf_hpc.scheduler.futures import CallFuture, GroupFuture
 from rlinf_hpc.scheduler.group import ComponentGroup
 from rlinf_hpc.scheduler.placement import Placement, effective_device, plan_placement
-from rlinf_hpc.scheduler.protocol import Bye, Call, Join, Leave, Reply, Shutdown
+from rlinf_hpc.scheduler.protocol import Bye, Call, Join, Leave, Reply, SetDirectory, Shutdown
 
 log = get_logger("coordinator")
 
@@ -32,11 +32,15 @@ class Coordinator:
     >>> # in a flow: def my_flow(coordinator): coordinator.group("actor").call("train").result()
     """
 
-    def __init__(self, config: Config, control: ControlPlane, slots: list[RankSlot]) -> None:
+    def __init__(
+        self, config: Config, control: ControlPlane, slots: list[RankSlot], comm: DataPlane | None = None
+    ) -> None:
         if control.rank != COORDINATOR_RANK:
             raise RuntimeError("the Coordinator runs on world rank 0 only")
         self.config = config
         self.control = control
+        #: The coordinator's own data plane: it can send to and receive from any worker.
+        self.comm = comm
         self.slots = slots
         self._slot_of = {s.rank: s for s in slots}
         self._placement: Placement | None = None
@@ -46,6 +50,7 @@ class Coordinator:
         self._busy: dict[int, dict[int, CallFuture]] = defaultdict(dict)
         self._departed: dict[int, Bye] = {}
         self._fatal: Exception | None = None
+        self._directory_version = 0
 
     # -- placement ---------------------------------------------------------------------------
     @property
@@ -61,9 +66,34 @@ class Coordinator:
     def start(self) -> Placement:
         """Plan the placement from the config and form every group. Raises `UserError`."""
         placement = plan_placement(self.config, self.slots)
+        self._publish_directory(placement.groups)
         self._form_groups(placement.groups, placement.groups.keys())
         self._placement = placement
         return placement
+
+    def _publish_directory(self, groups: Mapping[str, list[int]]) -> None:
+        """Every rank's data plane learns the new placement before any worker uses it."""
+        self._directory_version += 1
+        devices = {
+            rank: effective_device(self.config.components[name], self._slot_of[rank])
+            for name, ranks in groups.items()
+            for rank in ranks
+        }
+        directory = Directory(
+            groups={name: list(ranks) for name, ranks in groups.items()},
+            devices={0: "cpu", **devices},
+            nodes={s.rank: s.node_index for s in self.slots},
+            world_size=len(self.slots),
+            version=self._directory_version,
+        )
+        if self.comm is not None:
+            self.comm.set_directory(directory)
+        futures = []
+        for rank in self.worker_ranks:
+            future = self._new_future(rank, "-", "set_directory")
+            self.control.send_command(rank, SetDirectory(future.call_id, directory))
+            futures.append(future)
+        self._wait_all(futures)
 
     def group(self, name: str) -> ComponentGroup:
         """Handle on a component group by name."""
@@ -97,6 +127,7 @@ class Coordinator:
             self.control.send_command(rank, Leave(future.call_id, name))
             futures.append(future)
         self._wait_all(futures)
+        self._publish_directory(target)
         self._form_groups(target, changed)
         self._placement = Placement(target)
         log.info("repartitioned: %s", ", ".join(f"{n}={target[n]}" for n in changed) or "no change")

@@ -41,6 +41,15 @@ class Join:
 
 
 @dataclass(frozen=True)
+class SetDirectory:
+    """The placement changed: here is the data plane's new directory."""
+
+    call_id: int
+    directory: Any
+    component: str = "-"
+
+
+@dataclass(frozen=True)
 class Leave:
     """Stop hosting ``component``: call the worker's ``teardown`` and free its communicator."""
 

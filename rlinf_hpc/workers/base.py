@@ -19,7 +19,7 @@ import random
 import socket
 from typing import Any
 
-from rlinf_hpc.comm import GroupComm, live_group_comms
+from rlinf_hpc.comm import DataPlane, GroupComm, live_group_comms
 from rlinf_hpc.log import get_logger
 
 
@@ -30,10 +30,16 @@ class Worker:
     rank: int
     device: str
     seed: int
+    #: MPI communicator of this worker's component group (for group-internal collectives).
     group: GroupComm
+    #: The rank's data plane: send/recv/collectives to any worker by (component, rank).
+    comm: DataPlane
     log: logging.Logger
 
-    def _bind(self, component: str, rank: int, device: str, seed: int, group: GroupComm) -> None:
+    def _bind(
+        self, component: str, rank: int, device: str, seed: int, group: GroupComm, comm: DataPlane
+    ) -> None:
+        self.comm = comm
         self.component = component
         self.rank = rank
         self.device = device

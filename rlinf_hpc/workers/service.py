@@ -11,10 +11,10 @@ import importlib
 import traceback
 from typing import Any
 
-from rlinf_hpc.comm import Backoff, ControlPlane, create_group_comm
+from rlinf_hpc.comm import Backoff, ControlPlane, DataPlane, create_group_comm
 from rlinf_hpc.errors import JobInterrupted, UserError
 from rlinf_hpc.log import get_logger, set_role
-from rlinf_hpc.scheduler.protocol import Bye, Call, Join, Leave, Reply, Shutdown
+from rlinf_hpc.scheduler.protocol import Bye, Call, Join, Leave, Reply, SetDirectory, Shutdown
 from rlinf_hpc.workers.base import Worker
 
 log = get_logger("service")
@@ -50,8 +50,9 @@ def _user_traceback(exc: BaseException) -> str:
 class WorkerService:
     """The components hosted by one worker rank, and the command loop that drives them."""
 
-    def __init__(self, control: ControlPlane) -> None:
+    def __init__(self, control: ControlPlane, comm: DataPlane) -> None:
         self.control = control
+        self.comm = comm
         self.rank = control.rank
         self.workers: dict[str, Worker] = {}
 
@@ -68,7 +69,7 @@ class WorkerService:
             return None
         try:
             worker = resolve_worker_class(command.worker_path)()
-            worker._bind(command.component, self.rank, command.device, command.seed, group)
+            worker._bind(command.component, self.rank, command.device, command.seed, group, self.comm)
             worker.setup(**command.options)
         except BaseException:
             group.free()
@@ -86,6 +87,10 @@ class WorkerService:
             worker.group.free()
         return None
 
+    def _set_directory(self, command: SetDirectory) -> Any:
+        self.comm.set_directory(command.directory)
+        return None
+
     def _call(self, command: Call) -> Any:
         worker = self.workers.get(command.component)
         if worker is None:
@@ -97,8 +102,10 @@ class WorkerService:
             )
         return method(*command.args, **command.kwargs)
 
-    def _execute(self, command: Call | Join | Leave) -> Reply:
-        handler = {Call: self._call, Join: self._join, Leave: self._leave}[type(command)]
+    def _execute(self, command: Call | Join | Leave | SetDirectory) -> Reply:
+        handler = {Call: self._call, Join: self._join, Leave: self._leave, SetDirectory: self._set_directory}[
+            type(command)
+        ]
         try:
             value = handler(command)  # type: ignore[operator]
             return Reply(command.call_id, self.rank, command.component, True, value)
@@ -126,13 +133,13 @@ class WorkerService:
         backoff = Backoff()
         try:
             while True:
-                command = self.control.receive_command(backoff)
-                backoff.reset()
+                command = self._next_command(backoff)
                 if isinstance(command, Shutdown):
                     self._teardown_all()
                     self._say_bye("shutdown")
                     return command.exit_code
                 self.control.send_reply(self._execute(command))
+                self.comm.progress()  # small async sends a method left behind leave now
         except JobInterrupted as exc:
             log.info("received %s: leaving the job", exc.signal_name)
             self._say_bye(exc.signal_name)
@@ -141,6 +148,16 @@ class WorkerService:
             log.exception("worker service loop failed")
             self._say_bye("internal error", f"{type(exc).__name__}: {exc}", traceback.format_exc())
             return 1
+
+    def _next_command(self, backoff: Backoff) -> Any:
+        """Wait for a command, sleeping between probes; keeps the data plane's sends moving."""
+        while True:
+            command = self.control.try_receive_command()
+            if command is not None:
+                backoff.reset()
+                return command
+            self.comm.progress()
+            backoff.sleep()
 
     def _say_bye(self, reason: str, error: str = "", trace: str = "") -> None:
         self.control.send_reply(Bye(self.rank, reason, error, trace))

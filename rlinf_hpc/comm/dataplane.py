@@ -1,0 +1,398 @@
+"""Point-to-point transfers of structured objects between any two ranks.
+
+Every transfer starts with an *envelope* (see `wire`) on its own MPI tag; leaves too large to
+ride inside it follow as raw payload messages, chunked, on a second tag. MPI keeps messages
+between two ranks on one tag in order, so payloads always match the envelope before them.
+
+* Small asynchronous sends (< ``coalesce_below``) to one destination are copied into a batch
+  that leaves as one MPI message when it is full or when anyone waits.
+* Large leaves are sent zero-copy from their own memory (after a contiguous/host staging copy
+  only where needed), in chunks, testing earlier requests between chunks so that the staging
+  of the next leaf overlaps the transfer of the previous one.
+* Receives post their payload buffers as soon as the envelope arrives, into tensors/arrays of
+  the final dtype and shape, so the bytes land where the object will live.
+
+One DataPlane per rank, used from the rank's main thread.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from rlinf_hpc.comm import wire
+from rlinf_hpc.comm.collectives import Collectives, Members
+from rlinf_hpc.comm.directory import Address, Directory
+from rlinf_hpc.comm.handles import WorkHandle
+from rlinf_hpc.comm.mpi import mpi, world
+from rlinf_hpc.comm.packing import Leaf, allocate_leaf, leaf_nodes, pack, unpack
+
+_ENVELOPE_TAG = 21
+_PAYLOAD_TAG = 22
+
+
+@dataclass
+class CommOptions:
+    """Tunables of the data plane (bytes)."""
+
+    coalesce_below: int = 1 << 20
+    batch_bytes: int = 1 << 20
+    batch_count: int = 4096
+    inline_below: int = 64 << 10
+    chunk_bytes: int = 16 << 20
+
+
+def _copy_into(out: Any, value: Any, sender: str, tag: Any) -> Any:
+    """Copy a received tensor into the caller's buffer after checking it fits exactly."""
+    shape = getattr(value, "shape", None)
+    dtype = getattr(value, "dtype", None)
+    if shape is None or tuple(shape) != tuple(out.shape) or dtype != out.dtype:
+        got = f"a {dtype} tensor of shape {tuple(shape)}" if shape is not None else type(value).__name__
+        raise ValueError(
+            f"receive buffer mismatch: {sender} sent {got} (tag {tag!r}), but the buffer passed "
+            f"as out= is {out.dtype} of shape {tuple(out.shape)}"
+        )
+    out.copy_(value)
+    return out
+
+
+def _size_text(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.1f} MB" if nbytes >= 2**20 else f"{nbytes} B"
+
+
+class _Batch:
+    """Small messages waiting to leave for one destination as a single MPI message."""
+
+    def __init__(self) -> None:
+        self.headers: list[tuple[Any, Any]] = []
+        self.payloads: list[bytes] = []
+        self.nbytes = 0
+        self.request: Any = None
+        self.envelope: bytearray | None = None
+
+    def sent(self) -> bool:
+        return self.request is not None
+
+    def complete(self) -> bool:
+        return self.request is not None and bool(self.request.Test())
+
+
+class _Incoming:
+    """A message whose envelope has arrived; its payload may still be landing."""
+
+    __slots__ = ("description", "requests", "tag", "targets")
+
+    def __init__(
+        self, tag: Any, description: Any, targets: list[tuple[Any, memoryview]], requests: list[Any]
+    ) -> None:
+        self.tag = tag
+        self.description = description
+        self.targets = targets
+        self.requests = requests
+
+    def complete(self) -> bool:
+        if self.requests and not mpi().Request.Testall(self.requests):
+            return False
+        self.requests = []
+        return True
+
+
+class DataPlane:
+    """send/recv/isend/irecv of nested objects holding tensors, between any two ranks.
+
+    Addresses are world ranks or ``(component, group_rank)`` pairs resolved through the
+    `Directory`. Tags are any hashable value (default 0); per (source, tag) order is kept.
+    """
+
+    def __init__(
+        self, directory: Directory | None = None, device: str = "cpu", options: CommOptions | None = None
+    ) -> None:
+        self._comm = world().Dup()
+        self._comm.Set_name("rlinf_hpc.data")
+        self.rank: int = self._comm.Get_rank()
+        self.size: int = self._comm.Get_size()
+        self.directory = directory or Directory(world_size=self.size)
+        self.device = device
+        self.options = options or CommOptions()
+        self._batches: dict[int, _Batch] = {}
+        self._inflight: list[WorkHandle] = []
+        self._stash: dict[int, deque[_Incoming]] = {}
+        self._waiting: dict[tuple[int, Any], deque[list[Any]]] = {}
+        self.collectives = Collectives(self)
+        #: Counters for diagnostics and tests (monotonic over the plane's life).
+        self.stats = {
+            "envelopes_sent": 0,
+            "payload_messages_sent": 0,
+            "bytes_sent": 0,
+            "messages_coalesced": 0,
+        }
+
+    def _count(self, envelopes: int = 0, payloads: int = 0, nbytes: int = 0) -> None:
+        self.stats["envelopes_sent"] += envelopes
+        self.stats["payload_messages_sent"] += payloads
+        self.stats["bytes_sent"] += nbytes
+
+    # -- addressing ----------------------------------------------------------------------------
+    def set_directory(self, directory: Directory) -> None:
+        self.directory = directory
+
+    def resolve(self, address: Address) -> int:
+        return self.directory.resolve(address)
+
+    def _name(self, rank: int) -> str:
+        return self.directory.name_of(rank)
+
+    # -- sending -------------------------------------------------------------------------------
+    def send(self, obj: Any, dst: Address, tag: Any = 0, timeout: float | None = None) -> None:
+        """Send ``obj`` and wait until its buffers may be reused."""
+        self._start_send(obj, dst, tag, coalesce=False, track=False).wait(timeout)
+
+    def isend(self, obj: Any, dst: Address, tag: Any = 0, coalesce: bool = True) -> WorkHandle:
+        """Start sending ``obj``; returns a handle. Buffers must stay unchanged until it is done
+        (small coalesced messages are copied at once and are safe to change immediately)."""
+        return self._start_send(obj, dst, tag, coalesce, track=True)
+
+    def _start_send(self, obj: Any, dst: Address, tag: Any, coalesce: bool, track: bool) -> WorkHandle:
+        rank = self.resolve(dst)
+        description, leaves = pack(obj)
+        nbytes = sum(leaf.nbytes for leaf in leaves)
+        if coalesce and nbytes < self.options.coalesce_below:
+            return self._queue_small(rank, tag, description, leaves, nbytes)
+        self._flush_batch(rank)  # earlier small messages must leave first to keep order
+        if nbytes < self.options.inline_below:
+            payloads = [leaf.host_bytes() for leaf in leaves]
+            envelope = wire.encode(("S", tag, description, True, 0), payloads)
+            requests = [self._comm.Isend([envelope, mpi().BYTE], rank, _ENVELOPE_TAG)]
+            keep: list[Any] = [envelope]
+            self._count(envelopes=1, nbytes=len(envelope))
+        else:
+            requests, keep = self._send_large(rank, tag, description, leaves)
+        handle = self._send_handle(rank, tag, nbytes, requests, keep)
+        if track:  # so that `progress` completes it even if the caller never waits
+            self._inflight.append(handle)
+        return handle
+
+    def _send_handle(
+        self, rank: int, tag: Any, nbytes: int, requests: list[Any], keep: list[Any]
+    ) -> WorkHandle:
+        def test() -> bool:
+            if requests and not mpi().Request.Testall(requests):
+                return False
+            requests.clear()
+            keep.clear()
+            return True
+
+        return WorkHandle(
+            test,
+            lambda: None,
+            lambda: (
+                f"{self._name(self.rank)} waited for {self._name(rank)} to receive a send "
+                f"(tag {tag!r}, {_size_text(nbytes)})"
+            ),
+            self.flush,
+        )
+
+    def _send_large(
+        self, rank: int, tag: Any, description: Any, leaves: list[Leaf]
+    ) -> tuple[list[Any], list[Any]]:
+        chunk = self.options.chunk_bytes
+        envelope = wire.encode(("S", tag, description, False, chunk))
+        requests = [self._comm.Isend([envelope, mpi().BYTE], rank, _ENVELOPE_TAG)]
+        keep: list[Any] = [envelope]
+        self._count(envelopes=1, nbytes=len(envelope))
+        for leaf in leaves:
+            data = leaf.host_bytes()  # staging copy only for non-contiguous or device tensors
+            keep.append(data)
+            for start in range(0, len(data), chunk):
+                piece = data[start : start + chunk]
+                requests.append(self._comm.Isend([piece, mpi().BYTE], rank, _PAYLOAD_TAG))
+                self._count(payloads=1, nbytes=len(piece))
+            mpi().Request.Testall(requests)  # drive progress before staging the next leaf
+        return requests, keep
+
+    def _queue_small(
+        self, rank: int, tag: Any, description: Any, leaves: list[Leaf], nbytes: int
+    ) -> WorkHandle:
+        batch = self._batches.get(rank)
+        if batch is None:
+            batch = self._batches[rank] = _Batch()
+        batch.headers.append((tag, description))
+        self.stats["messages_coalesced"] += 1
+        batch.payloads.extend(bytes(leaf.host_bytes()) for leaf in leaves)
+        batch.nbytes += nbytes
+        if batch.nbytes >= self.options.batch_bytes or len(batch.headers) >= self.options.batch_count:
+            self._flush_batch(rank)
+
+        def before() -> None:
+            if not batch.sent():
+                self._flush_batch(rank)
+
+        return WorkHandle(
+            batch.complete,
+            lambda: None,
+            lambda: (
+                f"{self._name(self.rank)} waited for {self._name(rank)} to receive a batch of small "
+                f"sends (tag {tag!r})"
+            ),
+            before,
+        )
+
+    def _flush_batch(self, rank: int) -> None:
+        batch = self._batches.pop(rank, None)
+        if batch is None or not batch.headers:
+            return
+        batch.envelope = wire.encode(("M", batch.headers), batch.payloads)
+        batch.payloads = []
+        batch.request = self._comm.Isend([batch.envelope, mpi().BYTE], rank, _ENVELOPE_TAG)
+        self._count(envelopes=1, nbytes=len(batch.envelope))
+
+    def flush(self) -> None:
+        """Send every pending batch of small messages now."""
+        for rank in list(self._batches):
+            self._flush_batch(rank)
+
+    def progress(self) -> None:
+        """Flush batches and let finished sends release their buffers (call when idle)."""
+        self.flush()
+        if self._inflight:
+            self._inflight = [h for h in self._inflight if not h.done()]
+
+    # -- receiving -----------------------------------------------------------------------------
+    def recv(
+        self,
+        src: Address,
+        tag: Any = 0,
+        device: str | None = None,
+        timeout: float | None = None,
+        out: Any = None,
+    ) -> Any:
+        """Receive the next object from ``src`` with ``tag``; tensors land on ``device``
+        (default: this rank's device). With ``out`` (a tensor), the message must be a single
+        tensor of the same shape and dtype; it is copied into ``out``, which is returned."""
+        return self.irecv(src, tag, device, out).wait(timeout)
+
+    def irecv(self, src: Address, tag: Any = 0, device: str | None = None, out: Any = None) -> WorkHandle:
+        """Start receiving; the handle's ``wait()`` returns the object."""
+        rank = self.resolve(src)
+        slot: list[Any] = []  # filled with the delivered _Incoming
+        self._waiting.setdefault((rank, tag), deque()).append(slot)
+        target = device or self.device
+
+        def test() -> bool:
+            if not slot:
+                self._progress_receives(rank)
+            return bool(slot)
+
+        def result() -> Any:
+            value = self._finish(slot[0], target if out is None else "cpu")
+            return value if out is None else _copy_into(out, value, self._name(rank), tag)
+
+        return WorkHandle(
+            test,
+            result,
+            lambda: f"{self._name(self.rank)} waited for {self._name(rank)} to send (tag {tag!r})",
+            self.flush,
+        )
+
+    def _progress_receives(self, rank: int) -> None:
+        self._pull_envelopes(rank)
+        stash = self._stash.get(rank)
+        if not stash:
+            return
+        blocked: set[Any] = set()
+        for item in list(stash):
+            if item.tag in blocked:
+                continue
+            waiters = self._waiting.get((rank, item.tag))
+            if not waiters:
+                blocked.add(item.tag)  # nobody asked yet: keep it and everything behind it
+                continue
+            if not item.complete():
+                blocked.add(item.tag)
+                continue
+            stash.remove(item)
+            waiters.popleft().append(item)
+            if not waiters:
+                del self._waiting[(rank, item.tag)]
+
+    def _pull_envelopes(self, rank: int) -> None:
+        MPI = mpi()
+        while True:
+            status = MPI.Status()
+            message = self._comm.Improbe(rank, _ENVELOPE_TAG, status)
+            if message is None:
+                return
+            envelope = bytearray(status.Get_count(MPI.BYTE))
+            message.Recv([envelope, MPI.BYTE])
+            self._accept(rank, envelope)
+
+    def _accept(self, rank: int, envelope: bytearray) -> None:
+        header, tail = wire.decode(envelope)
+        stash = self._stash.setdefault(rank, deque())
+        if header[0] == "M":
+            offset = 0
+            for tag, description in header[1]:
+                targets, offset = self._fill_inline(description, tail, offset)
+                stash.append(_Incoming(tag, description, targets, []))
+            return
+        _, tag, description, inline, chunk = header
+        if inline:
+            targets, _ = self._fill_inline(description, tail, 0)
+            stash.append(_Incoming(tag, description, targets, []))
+            return
+        targets = [allocate_leaf(node) for node in leaf_nodes(description)]
+        requests = []
+        for _, view in targets:
+            for start in range(0, len(view), chunk):
+                piece = view[start : start + chunk]
+                requests.append(self._comm.Irecv([piece, mpi().BYTE], rank, _PAYLOAD_TAG))
+        stash.append(_Incoming(tag, description, targets, requests))
+
+    @staticmethod
+    def _fill_inline(description: Any, tail: memoryview, offset: int) -> tuple[list[Any], int]:
+        targets = []
+        for node in leaf_nodes(description):
+            value, view = allocate_leaf(node)
+            size = len(view)
+            view[:] = tail[offset : offset + size]
+            offset += size
+            targets.append((value, view))
+        return targets, offset
+
+    @staticmethod
+    def _finish(item: _Incoming, device: str) -> Any:
+        values = [value for value, _ in item.targets]
+        if device != "cpu":
+            nodes = leaf_nodes(item.description)
+            values = [v.to(device) if n[0] == "T" else v for v, n in zip(values, nodes, strict=True)]
+        return unpack(item.description, values)
+
+    # -- collectives ---------------------------------------------------------------------------
+    def broadcast(self, obj: Any, root: Address, members: Members, timeout: float | None = None) -> Any:
+        """``root``'s object on every member; see `Collectives.broadcast`."""
+        return self.collectives.broadcast(obj, root, members, timeout)
+
+    def gather(
+        self, obj: Any, root: Address, members: Members, timeout: float | None = None
+    ) -> list[Any] | None:
+        """Every member's object on ``root``; see `Collectives.gather`."""
+        return self.collectives.gather(obj, root, members, timeout)
+
+    def all_to_all(self, objs: list[Any], members: Members, timeout: float | None = None) -> list[Any]:
+        """Personalised exchange; see `Collectives.all_to_all`."""
+        return self.collectives.all_to_all(objs, members, timeout)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def pending(self) -> dict[str, int]:
+        """Counts of in-flight work, for diagnostics and tests."""
+        return {
+            "batches": sum(1 for b in self._batches.values() if b.headers),
+            "sends_in_flight": len(self._inflight),
+            "stashed": sum(len(s) for s in self._stash.values()),
+            "receives_waiting": sum(len(w) for w in self._waiting.values()),
+        }
+
+    def free(self) -> None:
+        if self._comm != mpi().COMM_NULL:
+            self._comm.Free()

@@ -1,0 +1,245 @@
+"""Structure-aware packing: split an object into a compact description and raw buffers.
+
+Tensors, numpy arrays and large ``bytes`` become *leaves* whose bytes travel as raw buffers
+(never pickled); everything else — the nesting of dicts, lists, tuples, dataclasses and
+namedtuples, scalars, strings, shapes and dtypes — goes into a small description tuple that is
+pickled. `unpack` rebuilds the object from the description and the received buffers.
+
+The receiver allocates each leaf with `allocate_leaf`, fills its byte view, then unpacks:
+
+>>> import numpy as np
+>>> description, leaves = pack({"x": np.arange(3, dtype=np.int16), "n": [1, "a", None]})
+>>> [leaf.nbytes for leaf in leaves]
+[6]
+>>> targets = [allocate_leaf(node) for node in leaf_nodes(description)]
+>>> for (_, view), leaf in zip(targets, leaves):
+...     view[:] = leaf.host_bytes()
+>>> unpack(description, [value for value, _ in targets])
+{'x': array([0, 1, 2], dtype=int16), 'n': [1, 'a', None]}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import sys
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+
+#: ``bytes`` objects at least this long travel as raw buffers; shorter ones ride in the description.
+BYTES_LEAF_MIN = 1024
+
+_SCALARS = (type(None), bool, int, float, complex, str)
+_NUMPY_KINDS = set("biufcmM")  # bool, ints, unsigned, floats, complex, timedelta, datetime
+
+
+class Leaf:
+    """One payload buffer of a packed object (a tensor, a numpy array or a bytes object)."""
+
+    __slots__ = ("device", "kind", "nbytes", "value")
+
+    def __init__(self, kind: str, value: Any, nbytes: int, device: str = "cpu") -> None:
+        self.kind = kind
+        self.value = value
+        self.nbytes = nbytes
+        self.device = device
+
+    def host_bytes(self) -> memoryview:
+        """The leaf's bytes as a flat, contiguous host memoryview (copies only when needed:
+        non-contiguous tensors/arrays and tensors on a GPU)."""
+        return _contiguous_bytes(self.kind, self.value)
+
+
+def _torch() -> Any:
+    return sys.modules.get("torch")
+
+
+def _is_tensor(obj: Any) -> bool:
+    torch = _torch()
+    return torch is not None and isinstance(obj, torch.Tensor)
+
+
+def _contiguous_bytes(kind: str, value: Any) -> memoryview:
+    if kind == "T":
+        tensor = value.detach()
+        if tensor.device.type != "cpu":
+            tensor = tensor.cpu()
+        tensor = tensor.contiguous()
+        if tensor.numel() == 0:
+            return memoryview(b"")
+        return memoryview(tensor.reshape(-1).view(_torch().uint8).numpy())
+    if kind == "A":
+        array = np.ascontiguousarray(value)
+        return memoryview(array.reshape(-1).view(np.uint8))
+    return memoryview(value).cast("B")
+
+
+def _path_key(key: Any) -> str:
+    return f"[{key!r}]"
+
+
+def _type_path(cls: type) -> tuple[str, str]:
+    return (cls.__module__, cls.__qualname__)
+
+
+def _import_type(path: tuple[str, str]) -> type:
+    module = importlib.import_module(path[0])
+    obj: Any = module
+    for part in path[1].split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def pack(obj: Any, root: str = "obj") -> tuple[Any, list[Leaf]]:
+    """Describe ``obj``; returns (description, leaves). Raises TypeError naming the bad path."""
+    leaves: list[Leaf] = []
+    description = _pack(obj, root, leaves)
+    return description, leaves
+
+
+def _pack(obj: Any, path: str, leaves: list[Leaf]) -> Any:
+    kind = type(obj)
+    if kind in _SCALARS:
+        return obj  # descriptions code containers as tuples, so raw scalars are unambiguous
+    if _is_tensor(obj):
+        if obj.is_sparse or obj.layout != _torch().strided:
+            raise TypeError(f"{path}: sparse/non-strided tensors are not supported ({obj.layout})")
+        leaves.append(Leaf("T", obj, obj.numel() * obj.element_size(), str(obj.device)))
+        dtype = str(obj.dtype).removeprefix("torch.")
+        return ("T", len(leaves) - 1, dtype, tuple(obj.shape), str(obj.device), obj.requires_grad)
+    if isinstance(obj, np.ndarray):
+        if obj.dtype.kind not in _NUMPY_KINDS:
+            raise TypeError(
+                f"{path}: numpy arrays of dtype {obj.dtype} cannot travel as raw buffers; use a numeric dtype"
+            )
+        leaves.append(Leaf("A", obj, obj.nbytes))
+        return ("A", len(leaves) - 1, obj.dtype.str, obj.shape)
+    if isinstance(obj, np.generic):
+        return ("g", obj.dtype.str, obj.tobytes())
+    if kind is bytes:
+        if len(obj) < BYTES_LEAF_MIN:
+            return ("b", obj)
+        leaves.append(Leaf("B", obj, len(obj)))
+        return ("B", len(leaves) - 1, len(obj))
+    if kind in (dict, OrderedDict):
+        items = [(k, _pack(v, path + _path_key(k), leaves)) for k, v in obj.items()]
+        return ("d", kind is OrderedDict, items)
+    if kind is list:
+        return ("l", [_pack(v, f"{path}[{i}]", leaves) for i, v in enumerate(obj)])
+    if kind is tuple:
+        return ("t", [_pack(v, f"{path}[{i}]", leaves) for i, v in enumerate(obj)])
+    if isinstance(obj, tuple) and hasattr(kind, "_fields"):
+        children = [_pack(getattr(obj, f), f"{path}.{f}", leaves) for f in kind._fields]
+        return ("n", _type_path(kind), children)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        fields = [f.name for f in dataclasses.fields(obj)]
+        children = [(f, _pack(getattr(obj, f), f"{path}.{f}", leaves)) for f in fields]
+        return ("c", _type_path(kind), children)
+    raise TypeError(
+        f"{path}: cannot send a {kind.__module__}.{kind.__qualname__}; supported are tensors, "
+        "numpy arrays, dict/list/tuple/dataclass/namedtuple, scalars, str, bytes and None"
+    )
+
+
+def unpack(description: Any, leaf_values: list[Any]) -> Any:
+    """Rebuild the object; ``leaf_values[i]`` is leaf i as returned by `allocate_leaf` (filled)."""
+    return _unpack(description, leaf_values)
+
+
+def _unpack(node: Any, buffers: list[Any]) -> Any:
+    if type(node) is not tuple:
+        return node
+    code = node[0]
+    if code in ("T", "A", "B"):
+        return _leaf_value(node, buffers[node[1]])
+    if code == "d":
+        items = [(k, _unpack(v, buffers)) for k, v in node[2]]
+        return OrderedDict(items) if node[1] else dict(items)
+    if code == "l":
+        return [_unpack(v, buffers) for v in node[1]]
+    if code == "t":
+        return tuple(_unpack(v, buffers) for v in node[1])
+    if code == "n":
+        return _import_type(node[1])(*[_unpack(v, buffers) for v in node[2]])
+    if code == "c":
+        cls = _import_type(node[1])
+        instance = object.__new__(cls)
+        for name, child in node[2]:
+            object.__setattr__(instance, name, _unpack(child, buffers))
+        return instance
+    if code == "g":
+        return np.frombuffer(node[2], dtype=np.dtype(node[1]))[0]
+    if code == "b":
+        return node[1]
+    raise ValueError(f"corrupt description node {code!r}")
+
+
+def leaf_nodes(description: Any) -> list[tuple]:
+    """The leaf nodes of a description in leaf-index order."""
+    found: list[tuple] = []
+    _collect(description, found)
+    found.sort(key=lambda n: n[1])
+    return found
+
+
+def _collect(node: Any, found: list[tuple]) -> None:
+    if type(node) is not tuple:
+        return
+    code = node[0]
+    if code in ("T", "A", "B"):
+        found.append(node)
+    elif code == "d" or code == "c":
+        for _, child in node[2]:
+            _collect(child, found)
+    elif code in ("l", "t"):
+        for child in node[1]:
+            _collect(child, found)
+    elif code == "n":
+        for child in node[2]:
+            _collect(child, found)
+
+
+def leaf_nbytes(node: tuple) -> int:
+    """Payload size of a leaf node."""
+    code = node[0]
+    if code == "B":
+        return node[2]
+    if code == "A":
+        return int(np.dtype(node[2]).itemsize * int(np.prod(node[3], dtype=np.int64)))
+    torch = _import_torch()
+    itemsize = getattr(torch, node[2]).itemsize
+    return int(itemsize * int(np.prod(node[3], dtype=np.int64)))
+
+
+def _import_torch() -> Any:
+    torch = _torch()
+    if torch is None:
+        import torch
+    return torch
+
+
+def allocate_leaf(node: tuple, pin: bool = False) -> tuple[Any, memoryview]:
+    """A host object to receive leaf ``node`` into, and a writable byte view of it."""
+    code = node[0]
+    if code == "B":
+        buffer = bytearray(node[2])
+        return buffer, memoryview(buffer)
+    if code == "A":
+        array = np.empty(node[3], dtype=np.dtype(node[2]))
+        return array, memoryview(array.reshape(-1).view(np.uint8))
+    torch = _import_torch()
+    tensor = torch.empty(node[3], dtype=getattr(torch, node[2]), pin_memory=pin)
+    if tensor.numel() == 0:
+        return tensor, memoryview(bytearray(0))
+    return tensor, memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
+
+
+def _leaf_value(node: tuple, value: Any) -> Any:
+    code = node[0]
+    if code == "B":
+        return bytes(value)
+    if code == "T" and node[5] and (value.is_floating_point() or value.is_complex()):
+        value.requires_grad_(True)
+    return value  # tensors/arrays were allocated with their final dtype and shape

@@ -1,0 +1,409 @@
+"""Data-plane checks run on every rank under ``mpiexec -n N`` (N >= 2); asserts relative to N.
+
+Any failure prints its traceback and aborts the whole job, so a failing check never hangs.
+Run by tests/test_comm_mpi.py; by hand: ``mpiexec -n 4 python tests/mpi_programs/comm_checks.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import time
+import traceback
+from collections import OrderedDict, namedtuple
+
+import numpy as np
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rlinf_hpc.comm import CollectiveMismatchError, CommOptions, DataPlane, Directory
+from rlinf_hpc.comm.mpi import world
+from rlinf_hpc.errors import CommTimeoutError
+
+torch.set_num_threads(1)
+Point = namedtuple("Point", ["x", "y"])
+
+
+@dataclasses.dataclass
+class Batch:
+    tokens: torch.Tensor
+    mask: torch.Tensor
+    meta: dict
+
+
+@dataclasses.dataclass(frozen=True)
+class Frozen:
+    a: int
+    b: torch.Tensor
+
+
+def same(a: object, b: object) -> bool:
+    """Deep equality that checks dtypes and shapes of tensors and arrays too."""
+    if isinstance(a, torch.Tensor):
+        return (
+            isinstance(b, torch.Tensor)
+            and a.dtype == b.dtype
+            and a.shape == b.shape
+            and a.device.type == b.device.type
+            and bool(torch.equal(a.cpu(), b.cpu()))
+        )
+    if isinstance(a, np.ndarray):
+        return (
+            isinstance(b, np.ndarray)
+            and a.dtype == b.dtype
+            and a.shape == b.shape
+            and np.array_equal(a, b, equal_nan=a.dtype.kind in "fc")
+        )
+    if isinstance(a, dict):
+        return type(a) is type(b) and list(a) == list(b) and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    if dataclasses.is_dataclass(a):
+        return type(a) is type(b) and all(
+            same(getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(a)
+        )
+    if isinstance(a, float) and a != a:
+        return isinstance(b, float) and b != b
+    return type(a) is type(b) and a == b
+
+
+ALL_DTYPES = [
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.int8,
+    torch.uint8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.bool,
+    torch.complex64,
+    torch.complex128,
+    torch.uint16,
+    torch.uint32,
+    torch.uint64,
+    torch.float8_e4m3fn,
+    torch.float8_e5m2,
+]
+
+
+def tensor_zoo() -> dict:
+    g = torch.Generator().manual_seed(0)
+    zoo: dict = {}
+    for dtype in ALL_DTYPES:
+        base = (torch.randn(6, 8, generator=g) * 50).to(dtype)
+        name = str(dtype).removeprefix("torch.")
+        zoo[name] = {
+            "contiguous": base,
+            "transposed": base.t(),
+            "strided": base[::2, 1::3],
+            "zero": base[:0],
+            "scalar": base[0, 0].clone().reshape(()),
+            "view": base.view(-1)[5:17],
+        }
+    zoo["numpy"] = {
+        "f": np.arange(12, dtype=np.float32).reshape(3, 4)[:, ::2],
+        "i": np.array([1, 2, 3], dtype=">i8"),
+        "empty": np.zeros((0, 5)),
+        "scalar": np.float64(2.5),
+    }
+    zoo["grad"] = torch.ones(3, requires_grad=True)
+    zoo["mixed"] = [
+        Point(1, "two"),
+        (None, True, 3.5, 7 + 1j),
+        b"x" * 5000,
+        b"tiny",
+        OrderedDict(b=1, a=2),
+        Batch(torch.arange(4), torch.ones(4, dtype=torch.bool), {"id": 3}),
+        Frozen(1, torch.zeros(2)),
+    ]
+    return zoo
+
+
+def check_roundtrip_every_dtype(plane: DataPlane, peer: int) -> None:
+    zoo = tensor_zoo()
+    if plane.rank == 0:
+        plane.send(zoo, ("workers", 0))
+        back = plane.recv(("workers", 0))
+        assert same(zoo, back), "zoo changed on the round trip"
+        assert back["grad"].requires_grad
+    elif plane.rank == peer:
+        plane.send(plane.recv(0), 0)
+
+
+def check_large_chunked(plane: DataPlane, peer: int) -> None:
+    big = {"w": torch.randn(5_000_000), "nc": torch.randn(1000, 3000).t(), "i": torch.arange(10)}
+    if plane.rank == 0:
+        before = plane.stats["payload_messages_sent"]
+        plane.send(big, peer)
+        # 20 MB + 12 MB + inline-sized 80 B, chunked at 4 MB: 5 + 3 + 1 payload messages
+        assert plane.stats["payload_messages_sent"] - before == 9, plane.stats
+        assert same(plane.recv(peer), big)
+    elif plane.rank == peer:
+        plane.send(plane.recv(0), 0)
+
+
+def check_order_per_tag_with_mixed_sizes(plane: DataPlane, peer: int) -> None:
+    sizes = [10, 2_000_000, 5, 300_000, 1, 3_000_000, 7]
+    if plane.rank == 0:
+        handles = [
+            plane.isend(torch.full((n,), i, dtype=torch.int32), peer, tag=i % 2) for i, n in enumerate(sizes)
+        ]
+        for handle in handles:
+            handle.wait(30)
+    elif plane.rank == peer:
+        odd = [plane.recv(0, tag=1) for i in range(len(sizes)) if i % 2]
+        even = [plane.recv(0, tag=0) for i in range(len(sizes)) if not i % 2]
+        got = [int(t[0]) for t in even] + [int(t[0]) for t in odd]
+        assert got == [0, 2, 4, 6, 1, 3, 5], got
+        assert [len(t) for t in even] == sizes[::2]
+
+
+def check_coalescing(plane: DataPlane, peer: int) -> None:
+    count = 3000
+    if plane.rank == 0:
+        envelopes = plane.stats["envelopes_sent"]
+        handles = [
+            plane.isend({"i": i, "t": torch.full((64,), float(i))}, peer, tag="small") for i in range(count)
+        ]
+        for handle in handles:
+            handle.wait(30)
+        sent = plane.stats["envelopes_sent"] - envelopes
+        assert sent <= count // 100, f"{count} small sends took {sent} MPI messages"
+    elif plane.rank == peer:
+        received = [plane.recv(0, tag="small") for _ in range(count)]
+        assert [r["i"] for r in received] == list(range(count))
+        assert all(float(r["t"][0]) == r["i"] for r in received)
+
+
+def check_async_receives_complete_in_order(plane: DataPlane, peer: int) -> None:
+    if plane.rank == peer:
+        handles = [plane.irecv(0, tag="async") for _ in range(5)]
+        world().Barrier()  # rank 0 sends only after every receive is posted
+        values = [h.wait(30) for h in reversed(handles)][::-1]
+        assert values == list(range(5)), values
+    elif plane.rank == 0:
+        world().Barrier()
+        for i in range(5):
+            plane.send(i, peer, tag="async")
+    else:
+        world().Barrier()
+
+
+def check_collectives(plane: DataPlane, size: int) -> None:
+    everyone = list(range(size))
+    for root in range(size):
+        value = plane.broadcast(
+            {"root": root, "t": torch.arange(root + 3)} if plane.rank == root else None,
+            root,
+            everyone,
+            timeout=60,
+        )
+        assert value["root"] == root and same(value["t"], torch.arange(root + 3))
+    big = plane.broadcast(
+        torch.ones(3_000_000) if plane.rank == size - 1 else None, size - 1, everyone, timeout=60
+    )
+    assert big.shape == (3_000_000,) and float(big.sum()) == 3_000_000
+    gathered = plane.gather(torch.tensor([plane.rank]), 0, everyone, timeout=60)
+    if plane.rank == 0:
+        assert [int(t) for t in gathered] == everyone
+    else:
+        assert gathered is None
+    # members given as (component, rank) addresses and as a component name
+    workers = [("workers", i) for i in range(size - 1)]
+    if plane.rank != 0:
+        got = plane.gather(plane.rank * 10, ("workers", 0), workers, timeout=60)
+        if plane.rank == 1:
+            assert got == [r * 10 for r in range(1, size)]
+        got = plane.broadcast("hi" if plane.rank == size - 1 else None, size - 1, "workers", timeout=60)
+        assert got == "hi"
+    exchanged = plane.all_to_all(
+        [(plane.rank, j, torch.full((j + 1,), plane.rank)) for j in range(size)], everyone, timeout=60
+    )
+    assert [e[0] for e in exchanged] == everyone
+    assert all(e[1] == plane.rank and e[2].tolist() == [e[0]] * (plane.rank + 1) for e in exchanged)
+    # an ad-hoc pair
+    pair = [0, size - 1]
+    if plane.rank in pair:
+        assert plane.broadcast(plane.rank if plane.rank == 0 else None, 0, pair, timeout=60) == 0
+
+
+def check_timeout_names_both_sides(plane: DataPlane, peer: int) -> None:
+    if plane.rank == 0:
+        start = time.monotonic()
+        try:
+            plane.recv(peer, tag="never", timeout=0.3)
+        except CommTimeoutError as exc:
+            text = str(exc)
+            assert "rank 0 (coordinator) waited for rank 1 (workers:0)" in text, text
+            assert "tag 'never'" in text and "no answer after 0.3 s" in text, text
+        else:
+            raise AssertionError("recv did not time out")
+        assert time.monotonic() - start < 2
+
+
+def check_collective_errors(plane: DataPlane, peer: int) -> None:
+    """A member set of its own ([peer, 0]) so that sequence numbers start at 1 here."""
+    if plane.rank not in (0, peer):
+        return
+    pair = [peer, 0]
+    if plane.rank == 0:
+        plane.broadcast("from 0", 0, pair, timeout=30)  # collective #1; peer calls all_to_all
+        try:  # collective #2: the peer never joins it
+            plane.gather(1, 0, pair, timeout=0.3)
+        except CommTimeoutError as exc:
+            assert "in gather #2 over ranks [1, 0] (root 0)" in str(exc), str(exc)
+            assert "did rank 1 (workers:0) call gather with the same members?" in str(exc)
+        else:
+            raise AssertionError("gather without the peer did not time out")
+        # the peer's all_to_all message for #1 is still here: drain it
+        assert plane.recv(peer, ("coll", (1, 0), 1), timeout=30)[0] == "all_to_all"
+    else:
+        try:
+            plane.all_to_all(["x", "y"], pair, timeout=30)
+        except CollectiveMismatchError as exc:
+            text = str(exc)
+            assert "rank 1 (workers:0) called all_to_all (root -1) as collective #1" in text, text
+            assert "rank 0 (coordinator) called broadcast (root 0)" in text, text
+        else:
+            raise AssertionError("mismatched collectives were not detected")
+
+
+def check_bad_input(plane: DataPlane, peer: int, size: int) -> None:
+    try:
+        plane.isend({"batch": [0, 1, 2, Batch(torch.ones(1), {1, 2}, {})]}, peer)
+    except TypeError as exc:
+        assert "obj['batch'][3].mask" in str(exc) and "set" in str(exc), str(exc)
+    else:
+        raise AssertionError("a set leaf was accepted")
+    for bad in (size, ("workers", size), ("nobody", 0)):
+        try:
+            plane.isend(1, bad)
+        except ValueError as exc:
+            assert "does not exist" in str(exc) or "no component" in str(exc), str(exc)
+        else:
+            raise AssertionError(f"sending to {bad} was accepted")
+    if plane.rank == 0:
+        plane.send(torch.zeros(4, 4), peer, tag="shape")
+        plane.send(torch.zeros(3), peer, tag="shape")
+    elif plane.rank == peer:
+        try:
+            plane.recv(0, tag="shape", out=torch.empty(2, 2, dtype=torch.int64))
+        except ValueError as exc:
+            assert "rank 0 (coordinator) sent a torch.float32 tensor of shape (4, 4)" in str(exc)
+            assert "torch.int64 of shape (2, 2)" in str(exc), str(exc)
+        else:
+            raise AssertionError("wrong-shaped out= buffer was accepted")
+        out = torch.empty(3)
+        assert plane.recv(0, tag="shape", out=out) is out
+
+
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=True),
+    st.text(max_size=20),
+    st.binary(max_size=2000),
+)
+
+
+def strided_tensor(shape: tuple[int, ...], dtype: torch.dtype, step: int) -> torch.Tensor:
+    """A view with stride ``step`` in its last dimension (non-contiguous when step > 1)."""
+    full = (torch.arange(int(np.prod(shape)) * step) % 7).to(dtype)
+    return full.reshape(*shape, step)[..., 0]
+
+
+tensors = st.builds(
+    strided_tensor,
+    st.lists(st.integers(0, 4), max_size=3).map(tuple),
+    st.sampled_from([torch.float32, torch.bfloat16, torch.int64, torch.bool, torch.float16]),
+    st.integers(1, 3),
+)
+arrays = st.builds(
+    lambda n, dt: np.arange(n).astype(dt), st.integers(0, 20), st.sampled_from(["f4", "i2", "u1", "f8", "?"])
+)
+trees = st.recursive(
+    st.one_of(scalars, tensors, arrays),
+    lambda children: st.one_of(
+        st.lists(children, max_size=4),
+        st.tuples(children, children),
+        st.dictionaries(st.text(max_size=5), children, max_size=4),
+        st.builds(Point, children, children),
+    ),
+    max_leaves=12,
+)
+
+
+def check_hypothesis_ring(plane: DataPlane, size: int) -> None:
+    """Rank 0 sends generated objects around the ring of all ranks and compares."""
+    stop = "__stop__"
+    if plane.rank != 0:
+        while True:
+            obj = plane.recv(plane.rank - 1, tag="ring")
+            plane.send(obj, (plane.rank + 1) % size, tag="ring")
+            if isinstance(obj, str) and obj == stop:
+                return
+
+    @settings(
+        max_examples=int(os.environ.get("RING_EXAMPLES", "60")),
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+        database=None,
+        derandomize=True,
+    )
+    @given(trees)
+    def ring(obj: object) -> None:
+        plane.send(obj, 1, tag="ring")
+        back = plane.recv(size - 1, tag="ring", timeout=60)
+        assert same(obj, back), (obj, back)
+
+    ring()
+    plane.send(stop, 1, tag="ring")
+    plane.recv(size - 1, tag="ring", timeout=60)
+
+
+def main() -> int:
+    comm = world()
+    size = comm.Get_size()
+    assert size >= 2, "run under mpiexec -n 2 or more"
+    plane = DataPlane(
+        Directory(groups={"workers": list(range(1, size))}, world_size=size),
+        options=CommOptions(chunk_bytes=4 << 20),
+    )
+    peer = 1
+    checks = [
+        ("roundtrip_every_dtype", lambda: check_roundtrip_every_dtype(plane, peer)),
+        ("large_chunked", lambda: check_large_chunked(plane, peer)),
+        ("order_per_tag", lambda: check_order_per_tag_with_mixed_sizes(plane, peer)),
+        ("coalescing", lambda: check_coalescing(plane, peer)),
+        ("async_receives", lambda: check_async_receives_complete_in_order(plane, peer)),
+        ("collectives", lambda: check_collectives(plane, size)),
+        ("timeout", lambda: check_timeout_names_both_sides(plane, peer)),
+        ("collective_errors", lambda: check_collective_errors(plane, peer)),
+        ("bad_input", lambda: check_bad_input(plane, peer, size)),
+        ("hypothesis_ring", lambda: check_hypothesis_ring(plane, size)),
+    ]
+    only = set(filter(None, os.environ.get("COMM_CHECKS", "").split(",")))
+    for name, check in checks:
+        if only and name not in only:
+            continue
+        try:
+            check()
+            comm.Barrier()
+        except BaseException:  # noqa: BLE001 - report and take every rank down
+            sys.stderr.write(f"rank {plane.rank}: check {name} FAILED\n{traceback.format_exc()}")
+            sys.stderr.flush()
+            comm.Abort(1)
+        if plane.rank == 0:
+            print(f"CHECK {name} ok", flush=True)
+    if plane.rank == 0:
+        print(f"ALL CHECKS OK on {size} ranks", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
