@@ -9,15 +9,15 @@ between two ranks on one tag in order, so payloads always match the envelope bef
 * Large leaves are sent zero-copy from their own memory (after a contiguous/host staging copy
   only where needed), in chunks, testing earlier requests between chunks so that the staging
   of the next leaf overlaps the transfer of the previous one.
-* Receives post their payload buffers as soon as the envelope arrives, into tensors/arrays of
-  the final dtype and shape, so the bytes land where the object will live.
+* Receives (see `inbox`) post their payload buffers as soon as the envelope arrives, into the
+  caller's ``out=`` buffers or tensors/arrays of the final dtype and shape, so the bytes land
+  where the object will live.
 
 One DataPlane per rank, used from the rank's main thread.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,8 +25,9 @@ from rlinf_hpc.comm import wire
 from rlinf_hpc.comm.collectives import Collectives, Members
 from rlinf_hpc.comm.directory import Address, Directory
 from rlinf_hpc.comm.handles import WorkHandle
+from rlinf_hpc.comm.inbox import Inbox
 from rlinf_hpc.comm.mpi import mpi, world
-from rlinf_hpc.comm.packing import Leaf, allocate_leaf, leaf_nodes, pack, unpack
+from rlinf_hpc.comm.packing import Leaf, pack
 
 _ENVELOPE_TAG = 21
 _PAYLOAD_TAG = 22
@@ -41,20 +42,6 @@ class CommOptions:
     batch_count: int = 4096
     inline_below: int = 64 << 10
     chunk_bytes: int = 16 << 20
-
-
-def _copy_into(out: Any, value: Any, sender: str, tag: Any) -> Any:
-    """Copy a received tensor into the caller's buffer after checking it fits exactly."""
-    shape = getattr(value, "shape", None)
-    dtype = getattr(value, "dtype", None)
-    if shape is None or tuple(shape) != tuple(out.shape) or dtype != out.dtype:
-        got = f"a {dtype} tensor of shape {tuple(shape)}" if shape is not None else type(value).__name__
-        raise ValueError(
-            f"receive buffer mismatch: {sender} sent {got} (tag {tag!r}), but the buffer passed "
-            f"as out= is {out.dtype} of shape {tuple(out.shape)}"
-        )
-    out.copy_(value)
-    return out
 
 
 def _size_text(nbytes: int) -> str:
@@ -78,26 +65,6 @@ class _Batch:
         return self.request is not None and bool(self.request.Test())
 
 
-class _Incoming:
-    """A message whose envelope has arrived; its payload may still be landing."""
-
-    __slots__ = ("description", "requests", "tag", "targets")
-
-    def __init__(
-        self, tag: Any, description: Any, targets: list[tuple[Any, memoryview]], requests: list[Any]
-    ) -> None:
-        self.tag = tag
-        self.description = description
-        self.targets = targets
-        self.requests = requests
-
-    def complete(self) -> bool:
-        if self.requests and not mpi().Request.Testall(self.requests):
-            return False
-        self.requests = []
-        return True
-
-
 class DataPlane:
     """send/recv/isend/irecv of nested objects holding tensors, between any two ranks.
 
@@ -117,8 +84,7 @@ class DataPlane:
         self.options = options or CommOptions()
         self._batches: dict[int, _Batch] = {}
         self._inflight: list[WorkHandle] = []
-        self._stash: dict[int, deque[_Incoming]] = {}
-        self._waiting: dict[tuple[int, Any], deque[list[Any]]] = {}
+        self._inbox = Inbox(self._comm, _ENVELOPE_TAG, _PAYLOAD_TAG, self._name)
         self.collectives = Collectives(self)
         #: Counters for diagnostics and tests (monotonic over the plane's life).
         self.stats = {
@@ -268,25 +234,31 @@ class DataPlane:
         out: Any = None,
     ) -> Any:
         """Receive the next object from ``src`` with ``tag``; tensors land on ``device``
-        (default: this rank's device). With ``out`` (a tensor), the message must be a single
-        tensor of the same shape and dtype; it is copied into ``out``, which is returned."""
+        (default: this rank's device).
+
+        ``out`` is an object shaped like the message (a tensor, or a dict/list/... of them)
+        whose tensors and arrays receive the payload: posted before the message arrives, the
+        bytes land in them directly with no allocation (steady-state loops, weight sync). The
+        result is rebuilt from the message with ``out``'s leaves in place; ValueError if the
+        message does not fit ``out`` (leaf count, dtype or shape).
+        """
         return self.irecv(src, tag, device, out).wait(timeout)
 
     def irecv(self, src: Address, tag: Any = 0, device: str | None = None, out: Any = None) -> WorkHandle:
-        """Start receiving; the handle's ``wait()`` returns the object."""
+        """Start receiving; the handle's ``wait()`` returns the object (see `recv`)."""
         rank = self.resolve(src)
-        slot: list[Any] = []  # filled with the delivered _Incoming
-        self._waiting.setdefault((rank, tag), deque()).append(slot)
+        out_leaves = None if out is None else pack(out, root="out")[1]
+        waiter = self._inbox.post(rank, tag, out_leaves)
         target = device or self.device
 
         def test() -> bool:
-            if not slot:
-                self._progress_receives(rank)
-            return bool(slot)
+            if waiter.item is None:
+                self._inbox.progress(rank)
+            return waiter.item is not None
 
         def result() -> Any:
-            value = self._finish(slot[0], target if out is None else "cpu")
-            return value if out is None else _copy_into(out, value, self._name(rank), tag)
+            assert waiter.item is not None
+            return self._inbox.finish(waiter.item, rank, target, out_leaves)
 
         return WorkHandle(
             test,
@@ -294,79 +266,6 @@ class DataPlane:
             lambda: f"{self._name(self.rank)} waited for {self._name(rank)} to send (tag {tag!r})",
             self.flush,
         )
-
-    def _progress_receives(self, rank: int) -> None:
-        self._pull_envelopes(rank)
-        stash = self._stash.get(rank)
-        if not stash:
-            return
-        blocked: set[Any] = set()
-        for item in list(stash):
-            if item.tag in blocked:
-                continue
-            waiters = self._waiting.get((rank, item.tag))
-            if not waiters:
-                blocked.add(item.tag)  # nobody asked yet: keep it and everything behind it
-                continue
-            if not item.complete():
-                blocked.add(item.tag)
-                continue
-            stash.remove(item)
-            waiters.popleft().append(item)
-            if not waiters:
-                del self._waiting[(rank, item.tag)]
-
-    def _pull_envelopes(self, rank: int) -> None:
-        MPI = mpi()
-        while True:
-            status = MPI.Status()
-            message = self._comm.Improbe(rank, _ENVELOPE_TAG, status)
-            if message is None:
-                return
-            envelope = bytearray(status.Get_count(MPI.BYTE))
-            message.Recv([envelope, MPI.BYTE])
-            self._accept(rank, envelope)
-
-    def _accept(self, rank: int, envelope: bytearray) -> None:
-        header, tail = wire.decode(envelope)
-        stash = self._stash.setdefault(rank, deque())
-        if header[0] == "M":
-            offset = 0
-            for tag, description in header[1]:
-                targets, offset = self._fill_inline(description, tail, offset)
-                stash.append(_Incoming(tag, description, targets, []))
-            return
-        _, tag, description, inline, chunk = header
-        if inline:
-            targets, _ = self._fill_inline(description, tail, 0)
-            stash.append(_Incoming(tag, description, targets, []))
-            return
-        targets = [allocate_leaf(node) for node in leaf_nodes(description)]
-        requests = []
-        for _, view in targets:
-            for start in range(0, len(view), chunk):
-                piece = view[start : start + chunk]
-                requests.append(self._comm.Irecv([piece, mpi().BYTE], rank, _PAYLOAD_TAG))
-        stash.append(_Incoming(tag, description, targets, requests))
-
-    @staticmethod
-    def _fill_inline(description: Any, tail: memoryview, offset: int) -> tuple[list[Any], int]:
-        targets = []
-        for node in leaf_nodes(description):
-            value, view = allocate_leaf(node)
-            size = len(view)
-            view[:] = tail[offset : offset + size]
-            offset += size
-            targets.append((value, view))
-        return targets, offset
-
-    @staticmethod
-    def _finish(item: _Incoming, device: str) -> Any:
-        values = [value for value, _ in item.targets]
-        if device != "cpu":
-            nodes = leaf_nodes(item.description)
-            values = [v.to(device) if n[0] == "T" else v for v, n in zip(values, nodes, strict=True)]
-        return unpack(item.description, values)
 
     # -- collectives ---------------------------------------------------------------------------
     def broadcast(self, obj: Any, root: Address, members: Members, timeout: float | None = None) -> Any:
@@ -389,8 +288,7 @@ class DataPlane:
         return {
             "batches": sum(1 for b in self._batches.values() if b.headers),
             "sends_in_flight": len(self._inflight),
-            "stashed": sum(len(s) for s in self._stash.values()),
-            "receives_waiting": sum(len(w) for w in self._waiting.values()),
+            **self._inbox.counts(),
         }
 
     def free(self) -> None:

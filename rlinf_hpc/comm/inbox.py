@@ -1,0 +1,223 @@
+"""The receive side of the data plane: envelopes in, objects out, in order per (source, tag).
+
+When an envelope arrives its payload receives are posted at once (MPI matches payloads in
+order), into the caller's ``out=`` buffers when a fitting receive was posted already, or else
+into fresh tensors/arrays of the final dtype and shape. Completed messages are handed to
+posted receives in order; messages nobody asked for yet wait in a per-source stash.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from rlinf_hpc.comm import wire
+from rlinf_hpc.comm.mpi import mpi
+from rlinf_hpc.comm.packing import Leaf, allocate_leaf, leaf_nodes, unpack
+
+
+class Incoming:
+    """A message whose envelope has arrived; its payload may still be landing."""
+
+    __slots__ = ("description", "in_place", "requests", "tag", "targets")
+
+    def __init__(
+        self,
+        tag: Any,
+        description: Any,
+        targets: list[tuple[Any, memoryview]],
+        requests: list[Any],
+        in_place: bool,
+    ) -> None:
+        self.tag = tag
+        self.description = description
+        self.targets = targets
+        self.requests = requests
+        #: True when the payload landed directly in the receiver's ``out`` buffers.
+        self.in_place = in_place
+
+    def complete(self) -> bool:
+        if self.requests and not mpi().Request.Testall(self.requests):
+            return False
+        self.requests = []
+        return True
+
+
+class Waiter:
+    """One posted receive: the message it gets, and the caller's buffers if any."""
+
+    __slots__ = ("item", "out_leaves")
+
+    def __init__(self, out_leaves: list[Leaf] | None) -> None:
+        self.out_leaves = out_leaves
+        self.item: Incoming | None = None
+
+
+def _signature(kind: str, dtype: str, shape: tuple[int, ...]) -> str:
+    return f"{'tensor' if kind == 'T' else 'array'} {dtype} {tuple(shape)}"
+
+
+def out_mismatch(nodes: list[tuple], out_leaves: list[Leaf]) -> str | None:
+    """Why a message with leaf ``nodes`` does not fit ``out_leaves``; None when it does."""
+    if len(nodes) != len(out_leaves):
+        return f"the message has {len(nodes)} tensor/array leaves, out= has {len(out_leaves)}"
+    for index, (node, leaf) in enumerate(zip(nodes, out_leaves, strict=True)):
+        if leaf.kind == "B" or node[0] == "B":
+            return f"leaf {index} is bytes, which cannot be received in place"
+        want = _signature(node[0], np.dtype(node[2]).str if node[0] == "A" else node[2], node[3])
+        value = leaf.value
+        dtype = value.dtype.str if leaf.kind == "A" else str(value.dtype).removeprefix("torch.")
+        have = _signature(leaf.kind, dtype, tuple(value.shape))
+        if want != have:
+            return f"leaf {index}: the message has {want}, out= has {have}"
+    return None
+
+
+def _writable_view(leaf: Leaf) -> memoryview | None:
+    """A byte view straight into an out= buffer, when it can be written in place."""
+    value = leaf.value
+    if leaf.kind == "T":
+        if value.device.type != "cpu" or not value.is_contiguous():
+            return None
+        if value.numel() == 0:
+            return memoryview(bytearray(0))
+        import torch
+
+        return memoryview(value.detach().reshape(-1).view(torch.uint8).numpy())
+    if leaf.kind == "A" and value.flags.c_contiguous and value.flags.writeable:
+        return memoryview(value.reshape(-1).view(np.uint8))
+    return None
+
+
+def _copy_leaf(leaf: Leaf, value: Any) -> None:
+    if leaf.kind == "T":
+        leaf.value.copy_(value)
+    else:
+        leaf.value[...] = value
+
+
+class Inbox:
+    """Per-rank receive state over the data communicator."""
+
+    def __init__(self, comm: Any, envelope_tag: int, payload_tag: int, name_of: Callable[[int], str]) -> None:
+        self._comm = comm
+        self._envelope_tag = envelope_tag
+        self._payload_tag = payload_tag
+        self._name_of = name_of
+        self._stash: dict[int, deque[Incoming]] = {}
+        self._waiting: dict[tuple[int, Any], deque[Waiter]] = {}
+        self._received_in_place = 0
+
+    def post(self, rank: int, tag: Any, out_leaves: list[Leaf] | None) -> Waiter:
+        waiter = Waiter(out_leaves)
+        self._waiting.setdefault((rank, tag), deque()).append(waiter)
+        return waiter
+
+    def progress(self, rank: int) -> None:
+        """Take in envelopes from ``rank`` and hand completed messages to posted receives."""
+        self._pull_envelopes(rank)
+        stash = self._stash.get(rank)
+        if not stash:
+            return
+        blocked: set[Any] = set()
+        for item in list(stash):
+            if item.tag in blocked:
+                continue
+            waiters = self._waiting.get((rank, item.tag))
+            if not waiters or not item.complete():
+                blocked.add(item.tag)  # keep it, and everything with its tag behind it
+                continue
+            stash.remove(item)
+            waiters.popleft().item = item
+            if not waiters:
+                del self._waiting[(rank, item.tag)]
+
+    def _pull_envelopes(self, rank: int) -> None:
+        MPI = mpi()
+        while True:
+            status = MPI.Status()
+            message = self._comm.Improbe(rank, self._envelope_tag, status)
+            if message is None:
+                return
+            envelope = bytearray(status.Get_count(MPI.BYTE))
+            message.Recv([envelope, MPI.BYTE])
+            self._accept(rank, envelope)
+
+    def _accept(self, rank: int, envelope: bytearray) -> None:
+        header, tail = wire.decode(envelope)
+        stash = self._stash.setdefault(rank, deque())
+        if header[0] == "M":
+            offset = 0
+            for tag, description in header[1]:
+                item, offset = self._fill_inline(rank, tag, description, tail, offset)
+                stash.append(item)
+            return
+        _, tag, description, inline, chunk = header
+        if inline:
+            stash.append(self._fill_inline(rank, tag, description, tail, 0)[0])
+            return
+        targets, in_place = self._targets(rank, tag, description)
+        requests = []
+        for _, view in targets:
+            for start in range(0, len(view), chunk):
+                piece = view[start : start + chunk]
+                requests.append(self._comm.Irecv([piece, mpi().BYTE], rank, self._payload_tag))
+        stash.append(Incoming(tag, description, targets, requests, in_place))
+
+    def _targets(self, rank: int, tag: Any, description: Any) -> tuple[list[Any], bool]:
+        """Where each leaf of a new message lands: the out= buffers of the receive that will
+        get it, when that receive is posted already and they fit, else fresh allocations."""
+        nodes = leaf_nodes(description)
+        waiters = self._waiting.get((rank, tag))
+        if waiters:
+            ahead = sum(1 for item in self._stash.get(rank, ()) if item.tag == tag)
+            waiter = waiters[ahead] if ahead < len(waiters) else None
+            if (
+                waiter is not None
+                and waiter.out_leaves is not None
+                and out_mismatch(nodes, waiter.out_leaves) is None
+            ):
+                views = [_writable_view(leaf) for leaf in waiter.out_leaves]
+                if all(view is not None for view in views):
+                    pairs = zip(waiter.out_leaves, views, strict=True)
+                    self._received_in_place += 1
+                    return [(leaf.value, view) for leaf, view in pairs], True
+        return [allocate_leaf(node) for node in nodes], False
+
+    def _fill_inline(
+        self, rank: int, tag: Any, description: Any, tail: memoryview, offset: int
+    ) -> tuple[Incoming, int]:
+        targets, in_place = self._targets(rank, tag, description)
+        for _, view in targets:
+            size = len(view)
+            view[:] = tail[offset : offset + size]
+            offset += size
+        return Incoming(tag, description, targets, [], in_place), offset
+
+    def finish(self, item: Incoming, rank: int, device: str, out_leaves: list[Leaf] | None) -> Any:
+        """Rebuild the object of a completed message (copying into out= if not in place)."""
+        nodes = leaf_nodes(item.description)
+        values = [value for value, _ in item.targets]
+        if out_leaves is not None and not item.in_place:
+            problem = out_mismatch(nodes, out_leaves)
+            if problem is not None:
+                raise ValueError(
+                    f"receive buffer mismatch: {self._name_of(rank)} sent a message (tag "
+                    f"{item.tag!r}) that does not fit out=: {problem}"
+                )
+            for leaf, value in zip(out_leaves, values, strict=True):
+                _copy_leaf(leaf, value)
+            values = [leaf.value for leaf in out_leaves]
+        elif out_leaves is None and device != "cpu":
+            values = [v.to(device) if n[0] == "T" else v for v, n in zip(values, nodes, strict=True)]
+        return unpack(item.description, values)
+
+    def counts(self) -> dict[str, int]:
+        return {
+            "stashed": sum(len(s) for s in self._stash.values()),
+            "receives_waiting": sum(len(w) for w in self._waiting.values()),
+            "received_in_place": self._received_in_place,
+        }
