@@ -18,6 +18,7 @@ One DataPlane per rank, used from the rank's main thread.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,7 +42,24 @@ class CommOptions:
     batch_bytes: int = 1 << 20
     batch_count: int = 4096
     inline_below: int = 64 << 10
-    chunk_bytes: int = 16 << 20
+    chunk_bytes: int = 64 << 20
+
+
+def _staged_chunks(leaf: Leaf, chunk: int) -> Iterator[memoryview]:
+    """The leaf's bytes in pieces of at most ``chunk``. Host leaves are sliced (no copy beyond
+    a contiguous copy of a strided tensor); device tensors are copied to host piece by piece,
+    so that copying the next piece overlaps sending the previous one."""
+    if leaf.kind != "T" or leaf.device == "cpu":
+        data = leaf.host_bytes()
+        for start in range(0, len(data), chunk):
+            yield data[start : start + chunk]
+        return
+    flat = leaf.value.detach().contiguous().reshape(-1)
+    import torch
+
+    raw = flat.view(torch.uint8) if flat.numel() else flat
+    for start in range(0, leaf.nbytes, chunk):
+        yield memoryview(raw[start : start + chunk].cpu().numpy())
 
 
 def _size_text(nbytes: int) -> str:
@@ -57,6 +75,7 @@ class _Batch:
         self.nbytes = 0
         self.request: Any = None
         self.envelope: bytearray | None = None
+        self.handle: WorkHandle | None = None
 
     def sent(self) -> bool:
         return self.request is not None
@@ -157,6 +176,7 @@ class DataPlane:
                 f"(tag {tag!r}, {_size_text(nbytes)})"
             ),
             self.flush,
+            active_bytes=nbytes,
         )
 
     def _send_large(
@@ -168,13 +188,11 @@ class DataPlane:
         keep: list[Any] = [envelope]
         self._count(envelopes=1, nbytes=len(envelope))
         for leaf in leaves:
-            data = leaf.host_bytes()  # staging copy only for non-contiguous or device tensors
-            keep.append(data)
-            for start in range(0, len(data), chunk):
-                piece = data[start : start + chunk]
+            for piece in _staged_chunks(leaf, chunk):
+                keep.append(piece)
                 requests.append(self._comm.Isend([piece, mpi().BYTE], rank, _PAYLOAD_TAG))
                 self._count(payloads=1, nbytes=len(piece))
-            mpi().Request.Testall(requests)  # drive progress before staging the next leaf
+                mpi().Request.Testall(requests)  # progress the sends while staging the next piece
         return requests, keep
 
     def _queue_small(
@@ -183,26 +201,23 @@ class DataPlane:
         batch = self._batches.get(rank)
         if batch is None:
             batch = self._batches[rank] = _Batch()
+            batch.handle = WorkHandle(  # one handle for every message of the batch
+                batch.complete,
+                lambda: None,
+                lambda: (
+                    f"{self._name(self.rank)} waited for {self._name(rank)} to receive a batch "
+                    f"of {len(batch.headers)} small sends"
+                ),
+                lambda: None if batch.sent() else self._flush_batch(rank),
+            )
         batch.headers.append((tag, description))
         self.stats["messages_coalesced"] += 1
-        batch.payloads.extend(bytes(leaf.host_bytes()) for leaf in leaves)
+        for leaf in leaves:
+            batch.payloads.append(bytes(leaf.host_bytes()))  # copied: the caller may reuse it
         batch.nbytes += nbytes
         if batch.nbytes >= self.options.batch_bytes or len(batch.headers) >= self.options.batch_count:
             self._flush_batch(rank)
-
-        def before() -> None:
-            if not batch.sent():
-                self._flush_batch(rank)
-
-        return WorkHandle(
-            batch.complete,
-            lambda: None,
-            lambda: (
-                f"{self._name(self.rank)} waited for {self._name(rank)} to receive a batch of small "
-                f"sends (tag {tag!r})"
-            ),
-            before,
-        )
+        return batch.handle
 
     def _flush_batch(self, rank: int) -> None:
         batch = self._batches.pop(rank, None)
@@ -242,6 +257,13 @@ class DataPlane:
         result is rebuilt from the message with ``out``'s leaves in place; ValueError if the
         message does not fit ``out`` (leaf count, dtype or shape).
         """
+        if out is None:  # fast path: the message is here already and nobody queues before us
+            rank = self.resolve(src)
+            if self._batches:
+                self.flush()
+            item = self._inbox.take_ready(rank, tag)
+            if item is not None:
+                return self._inbox.finish(item, rank, device or self.device, None)
         return self.irecv(src, tag, device, out).wait(timeout)
 
     def irecv(self, src: Address, tag: Any = 0, device: str | None = None, out: Any = None) -> WorkHandle:
@@ -251,21 +273,29 @@ class DataPlane:
         waiter = self._inbox.post(rank, tag, out_leaves)
         target = device or self.device
 
+        marked: list[bool] = []
+
         def test() -> bool:
             if waiter.item is None:
                 self._inbox.progress(rank)
+                if waiter.item is None and not marked:
+                    landing = self._inbox.bytes_landing(rank, tag)
+                    if landing:  # its payload is on the way: poll closely until it is in
+                        handle.mark_active(landing)
+                        marked.append(True)
             return waiter.item is not None
 
         def result() -> Any:
             assert waiter.item is not None
             return self._inbox.finish(waiter.item, rank, target, out_leaves)
 
-        return WorkHandle(
+        handle = WorkHandle(
             test,
             result,
             lambda: f"{self._name(self.rank)} waited for {self._name(rank)} to send (tag {tag!r})",
             self.flush,
         )
+        return handle
 
     # -- collectives ---------------------------------------------------------------------------
     def broadcast(self, obj: Any, root: Address, members: Members, timeout: float | None = None) -> Any:

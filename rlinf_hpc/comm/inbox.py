@@ -16,26 +16,31 @@ import numpy as np
 
 from rlinf_hpc.comm import wire
 from rlinf_hpc.comm.mpi import mpi
-from rlinf_hpc.comm.packing import Leaf, allocate_leaf, leaf_nodes, unpack
+from rlinf_hpc.comm.packing import Leaf, allocate_leaf, leaf_from_bytes, leaf_nbytes, leaf_nodes, unpack
 
 
 class Incoming:
     """A message whose envelope has arrived; its payload may still be landing."""
 
-    __slots__ = ("description", "in_place", "requests", "tag", "targets")
+    __slots__ = ("description", "in_place", "nbytes", "nodes", "requests", "tag", "values")
 
     def __init__(
         self,
         tag: Any,
         description: Any,
-        targets: list[tuple[Any, memoryview]],
+        nodes: list[tuple],
+        values: list[Any],
         requests: list[Any],
+        nbytes: int,
         in_place: bool,
     ) -> None:
         self.tag = tag
         self.description = description
-        self.targets = targets
+        self.nodes = nodes
+        #: Leaf objects in leaf order (filled once ``requests`` complete).
+        self.values = values
         self.requests = requests
+        self.nbytes = nbytes
         #: True when the payload landed directly in the receiver's ``out`` buffers.
         self.in_place = in_place
 
@@ -107,7 +112,7 @@ class Inbox:
         self._envelope_tag = envelope_tag
         self._payload_tag = payload_tag
         self._name_of = name_of
-        self._stash: dict[int, deque[Incoming]] = {}
+        self._stash: dict[tuple[int, Any], deque[Incoming]] = {}
         self._waiting: dict[tuple[int, Any], deque[Waiter]] = {}
         self._received_in_place = 0
 
@@ -119,21 +124,14 @@ class Inbox:
     def progress(self, rank: int) -> None:
         """Take in envelopes from ``rank`` and hand completed messages to posted receives."""
         self._pull_envelopes(rank)
-        stash = self._stash.get(rank)
-        if not stash:
-            return
-        blocked: set[Any] = set()
-        for item in list(stash):
-            if item.tag in blocked:
-                continue
-            waiters = self._waiting.get((rank, item.tag))
-            if not waiters or not item.complete():
-                blocked.add(item.tag)  # keep it, and everything with its tag behind it
-                continue
-            stash.remove(item)
-            waiters.popleft().item = item
+        for key in [k for k in self._waiting if k[0] == rank]:
+            waiters, stash = self._waiting[key], self._stash.get(key)
+            while waiters and stash and stash[0].complete():  # order per (source, tag)
+                waiters.popleft().item = stash.popleft()
             if not waiters:
-                del self._waiting[(rank, item.tag)]
+                del self._waiting[key]
+            if not stash:
+                self._stash.pop(key, None)
 
     def _pull_envelopes(self, rank: int) -> None:
         MPI = mpi()
@@ -148,32 +146,35 @@ class Inbox:
 
     def _accept(self, rank: int, envelope: bytearray) -> None:
         header, tail = wire.decode(envelope)
-        stash = self._stash.setdefault(rank, deque())
         if header[0] == "M":
             offset = 0
             for tag, description in header[1]:
                 item, offset = self._fill_inline(rank, tag, description, tail, offset)
-                stash.append(item)
+                self._stash.setdefault((rank, tag), deque()).append(item)
             return
         _, tag, description, inline, chunk = header
         if inline:
-            stash.append(self._fill_inline(rank, tag, description, tail, 0)[0])
+            item = self._fill_inline(rank, tag, description, tail, 0)[0]
+            self._stash.setdefault((rank, tag), deque()).append(item)
             return
-        targets, in_place = self._targets(rank, tag, description)
+        nodes = leaf_nodes(description)
+        targets, in_place = self._targets(rank, tag, nodes)
         requests = []
         for _, view in targets:
             for start in range(0, len(view), chunk):
                 piece = view[start : start + chunk]
                 requests.append(self._comm.Irecv([piece, mpi().BYTE], rank, self._payload_tag))
-        stash.append(Incoming(tag, description, targets, requests, in_place))
+        nbytes = sum(len(view) for _, view in targets)
+        self._stash.setdefault((rank, tag), deque()).append(
+            Incoming(tag, description, nodes, [v for v, _ in targets], requests, nbytes, in_place)
+        )
 
-    def _targets(self, rank: int, tag: Any, description: Any) -> tuple[list[Any], bool]:
+    def _targets(self, rank: int, tag: Any, nodes: list[tuple]) -> tuple[list[Any], bool]:
         """Where each leaf of a new message lands: the out= buffers of the receive that will
         get it, when that receive is posted already and they fit, else fresh allocations."""
-        nodes = leaf_nodes(description)
         waiters = self._waiting.get((rank, tag))
         if waiters:
-            ahead = sum(1 for item in self._stash.get(rank, ()) if item.tag == tag)
+            ahead = len(self._stash.get((rank, tag), ()))
             waiter = waiters[ahead] if ahead < len(waiters) else None
             if (
                 waiter is not None
@@ -190,17 +191,27 @@ class Inbox:
     def _fill_inline(
         self, rank: int, tag: Any, description: Any, tail: memoryview, offset: int
     ) -> tuple[Incoming, int]:
-        targets, in_place = self._targets(rank, tag, description)
-        for _, view in targets:
-            size = len(view)
-            view[:] = tail[offset : offset + size]
-            offset += size
-        return Incoming(tag, description, targets, [], in_place), offset
+        nodes = leaf_nodes(description)
+        start = offset
+        waiters = self._waiting.get((rank, tag))
+        if waiters and any(w.out_leaves is not None for w in waiters):
+            targets, in_place = self._targets(rank, tag, nodes)
+            for _, view in targets:
+                view[:] = tail[offset : offset + len(view)]
+                offset += len(view)
+            values = [value for value, _ in targets]
+        else:  # the common small-message path: build each leaf straight from its bytes
+            in_place = False
+            values = []
+            for node in nodes:
+                size = leaf_nbytes(node)
+                values.append(leaf_from_bytes(node, tail[offset : offset + size]))
+                offset += size
+        return Incoming(tag, description, nodes, values, [], offset - start, in_place), offset
 
     def finish(self, item: Incoming, rank: int, device: str, out_leaves: list[Leaf] | None) -> Any:
         """Rebuild the object of a completed message (copying into out= if not in place)."""
-        nodes = leaf_nodes(item.description)
-        values = [value for value, _ in item.targets]
+        nodes, values = item.nodes, item.values
         if out_leaves is not None and not item.in_place:
             problem = out_mismatch(nodes, out_leaves)
             if problem is not None:
@@ -214,6 +225,29 @@ class Inbox:
         elif out_leaves is None and device != "cpu":
             values = [v.to(device) if n[0] == "T" else v for v, n in zip(values, nodes, strict=True)]
         return unpack(item.description, values)
+
+    def take_ready(self, rank: int, tag: Any) -> Incoming | None:
+        """The next complete message from (rank, tag) if no posted receive is ahead of it."""
+        key = (rank, tag)
+        if key in self._waiting:
+            return None
+        stash = self._stash.get(key)
+        if not stash:
+            self._pull_envelopes(rank)
+            stash = self._stash.get(key)
+        if stash and stash[0].complete():
+            item = stash.popleft()
+            if not stash:
+                del self._stash[key]
+            return item
+        return None
+
+    def bytes_landing(self, rank: int, tag: Any) -> int:
+        """Payload bytes of the oldest message from (rank, tag) still landing; 0 if none."""
+        stash = self._stash.get((rank, tag))
+        if not stash or not stash[0].requests:
+            return 0
+        return stash[0].nbytes
 
     def counts(self) -> dict[str, int]:
         return {

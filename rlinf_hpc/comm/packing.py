@@ -21,7 +21,9 @@ The receiver allocates each leaf with `allocate_leaf`, fills its byte view, then
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
+import math
 import sys
 from collections import OrderedDict
 from typing import Any
@@ -69,7 +71,10 @@ def _contiguous_bytes(kind: str, value: Any) -> memoryview:
         tensor = tensor.contiguous()
         if tensor.numel() == 0:
             return memoryview(b"")
-        return memoryview(tensor.reshape(-1).view(_torch().uint8).numpy())
+        try:  # fast path for dtypes numpy knows
+            return memoryview(tensor.numpy()).cast("B")
+        except TypeError:  # bfloat16, float8, ...: reinterpret as bytes first
+            return memoryview(tensor.reshape(-1).view(_torch().uint8).numpy())
     if kind == "A":
         array = np.ascontiguousarray(value)
         return memoryview(array.reshape(-1).view(np.uint8))
@@ -207,10 +212,13 @@ def leaf_nbytes(node: tuple) -> int:
     if code == "B":
         return node[2]
     if code == "A":
-        return int(np.dtype(node[2]).itemsize * int(np.prod(node[3], dtype=np.int64)))
-    torch = _import_torch()
-    itemsize = getattr(torch, node[2]).itemsize
-    return int(itemsize * int(np.prod(node[3], dtype=np.int64)))
+        return np.dtype(node[2]).itemsize * math.prod(node[3])
+    return _torch_itemsize(node[2]) * math.prod(node[3])
+
+
+@functools.cache
+def _torch_itemsize(dtype_name: str) -> int:
+    return getattr(_import_torch(), dtype_name).itemsize
 
 
 def _import_torch() -> Any:
@@ -220,8 +228,17 @@ def _import_torch() -> Any:
     return torch
 
 
+#: Receive buffers at least this large are allocated through numpy (see `allocate_leaf`).
+LARGE_ALLOCATION = 1 << 20
+
+
 def allocate_leaf(node: tuple, pin: bool = False) -> tuple[Any, memoryview]:
-    """A host object to receive leaf ``node`` into, and a writable byte view of it."""
+    """A host object to receive leaf ``node`` into, and a writable byte view of it.
+
+    Large tensors are carved out of a numpy byte array: numpy asks the kernel for transparent
+    huge pages on big allocations, so first-touch page faults cost a fraction of what they cost
+    in memory from torch's CPU allocator (measured here: 6 vs 1.8 GB/s receiving 64 MB).
+    """
     code = node[0]
     if code == "B":
         buffer = bytearray(node[2])
@@ -230,10 +247,29 @@ def allocate_leaf(node: tuple, pin: bool = False) -> tuple[Any, memoryview]:
         array = np.empty(node[3], dtype=np.dtype(node[2]))
         return array, memoryview(array.reshape(-1).view(np.uint8))
     torch = _import_torch()
-    tensor = torch.empty(node[3], dtype=getattr(torch, node[2]), pin_memory=pin)
+    dtype = getattr(torch, node[2])
+    nbytes = leaf_nbytes(node)
+    if nbytes >= LARGE_ALLOCATION and not pin:
+        raw = np.empty(nbytes, dtype=np.uint8)
+        return torch.from_numpy(raw).view(dtype).reshape(node[3]), memoryview(raw)
+    tensor = torch.empty(node[3], dtype=dtype, pin_memory=pin)
     if tensor.numel() == 0:
         return tensor, memoryview(bytearray(0))
     return tensor, memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
+
+
+def leaf_from_bytes(node: tuple, data: memoryview) -> Any:
+    """Leaf ``node`` built from a copy of ``data`` (small inline payloads: one copy, no view
+    juggling, which costs more than the copy for kilobyte tensors)."""
+    code = node[0]
+    if code == "B":
+        return bytes(data)
+    if len(data) == 0:
+        return allocate_leaf(node)[0]
+    if code == "A":
+        return np.frombuffer(bytearray(data), dtype=np.dtype(node[2])).reshape(node[3])
+    torch = _import_torch()
+    return torch.frombuffer(bytearray(data), dtype=getattr(torch, node[2])).reshape(node[3])
 
 
 def _leaf_value(node: tuple, value: Any) -> Any:

@@ -139,7 +139,7 @@ def check_large_chunked(plane: DataPlane, peer: int) -> None:
     if plane.rank == 0:
         before = plane.stats["payload_messages_sent"]
         plane.send(big, peer)
-        # 20 MB + 12 MB + inline-sized 80 B, chunked at 4 MB: 5 + 3 + 1 payload messages
+        # 20 MB + 12 MB + 80 B in chunks of at most 4 MB: 5 + 3 + 1 payload messages
         assert plane.stats["payload_messages_sent"] - before == 9, plane.stats
         assert same(plane.recv(peer), big)
     elif plane.rank == peer:
