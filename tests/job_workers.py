@@ -108,3 +108,49 @@ def check_flow(coordinator: Coordinator) -> dict[str, Any]:
     }
     print("CHECK " + repr(result), flush=True)
     return result
+
+
+class PeerWorker(ProbeWorker):
+    """Talks to other workers directly through the data plane."""
+
+    def send_to(self, component: str, group_rank: int, payload: Any, tag: str = "peer") -> int:
+        self.comm.send({"from": self.rank, "payload": payload}, (component, group_rank), tag=tag)
+        return self.rank
+
+    def receive_from(self, component: str, group_rank: int, tag: str = "peer") -> Any:
+        return self.comm.recv((component, group_rank), tag=tag, timeout=60)
+
+    def ring_sum(self, value: int) -> int:
+        """Sum over the group with the data plane's collectives (members by component name)."""
+        values = self.comm.gather(value, (self.component, 0), self.component, timeout=60)
+        total = sum(values) if values is not None else None
+        return self.comm.broadcast(total, (self.component, 0), self.component, timeout=60)
+
+
+def peer_flow(coordinator: Coordinator) -> dict[str, Any]:
+    """alpha:0 sends a tensor to beta:0 by address; then ranks move and talk again."""
+    import torch
+
+    alpha, beta = coordinator.group("alpha"), coordinator.group("beta")
+    receiving = beta.subset([0]).call("receive_from", "alpha", 0)
+    alpha.subset([0]).call("send_to", "beta", 0, torch.arange(6).reshape(2, 3)).result()
+    first = receiving.result()[0]
+    sums = beta.call("ring_sum", 1).result()
+    moved = coordinator.placement.ranks_of("beta")[-1]
+    coordinator.repartition({"alpha": coordinator.placement.ranks_of("alpha") + [moved],
+                             "beta": coordinator.placement.ranks_of("beta")[:-1]})
+    # the moved rank is now alpha:1 and talks to beta:0 under its new address
+    receiving = beta.subset([0]).call("receive_from", "alpha", 1, "after")
+    alpha.subset([1]).call("send_to", "beta", 0, "hello from a new member", "after").result()
+    second = receiving.result()[0]
+    to_coordinator = alpha.subset([0]).call("send_to", "coordinator-check", 0, 1)
+    try:
+        to_coordinator.result()
+        gone = "no error"
+    except Exception as exc:  # noqa: BLE001 - the test inspects the message
+        gone = str(exc)
+    result = {"first": {"from": first["from"], "payload": first["payload"].tolist()},
+              "sums": sums, "second": second, "moved": moved, "gone": gone,
+              "alpha": coordinator.placement.ranks_of("alpha")}
+    print("PEER " + repr(result), flush=True)
+    return result

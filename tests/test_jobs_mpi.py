@@ -210,3 +210,18 @@ def test_info_describes_every_rank() -> None:
     assert result.returncode == 0, result.output
     assert "MPICH" in result.stdout and "ranks: 2 on 1 node(s)" in result.stdout
     assert "mpiexec (Hydra/PMI) with 2 ranks" in result.stdout
+
+
+def test_workers_talk_by_address_and_after_repartition(tmp_path: Path) -> None:
+    config = _probe_toml(tmp_path, "peer_flow", alpha=1, beta=3).read_text()
+    config = config.replace("job_workers:ProbeWorker", "job_workers:PeerWorker")
+    path = tmp_path / "peer.toml"
+    path.write_text(config)
+    result = rlinf("run", str(path))
+    assert result.returncode == 0, result.output
+    report = ast.literal_eval(_line(result.stdout, "PEER "))
+    assert report["first"] == {"from": 1, "payload": [[0, 1, 2], [3, 4, 5]]}
+    assert report["sums"] == [3, 3, 3]  # gather + broadcast over the 3 beta ranks
+    assert report["second"] == {"from": report["moved"], "payload": "hello from a new member"}
+    assert report["alpha"] == [1, report["moved"]]
+    assert "no component 'coordinator-check'" in report["gone"]
