@@ -137,8 +137,12 @@ def peer_flow(coordinator: Coordinator) -> dict[str, Any]:
     first = receiving.result()[0]
     sums = beta.call("ring_sum", 1).result()
     moved = coordinator.placement.ranks_of("beta")[-1]
-    coordinator.repartition({"alpha": coordinator.placement.ranks_of("alpha") + [moved],
-                             "beta": coordinator.placement.ranks_of("beta")[:-1]})
+    coordinator.repartition(
+        {
+            "alpha": coordinator.placement.ranks_of("alpha") + [moved],
+            "beta": coordinator.placement.ranks_of("beta")[:-1],
+        }
+    )
     # the moved rank is now alpha:1 and talks to beta:0 under its new address
     receiving = beta.subset([0]).call("receive_from", "alpha", 1, "after")
     alpha.subset([1]).call("send_to", "beta", 0, "hello from a new member", "after").result()
@@ -149,8 +153,13 @@ def peer_flow(coordinator: Coordinator) -> dict[str, Any]:
         gone = "no error"
     except Exception as exc:  # noqa: BLE001 - the test inspects the message
         gone = str(exc)
-    result = {"first": {"from": first["from"], "payload": first["payload"].tolist()},
-              "sums": sums, "second": second, "moved": moved, "gone": gone,
-              "alpha": coordinator.placement.ranks_of("alpha")}
+    result = {
+        "first": {"from": first["from"], "payload": first["payload"].tolist()},
+        "sums": sums,
+        "second": second,
+        "moved": moved,
+        "gone": gone,
+        "alpha": coordinator.placement.ranks_of("alpha"),
+    }
     print("PEER " + repr(result), flush=True)
     return result

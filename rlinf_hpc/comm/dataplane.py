@@ -27,8 +27,10 @@ from rlinf_hpc.comm.collectives import Collectives, Members
 from rlinf_hpc.comm.directory import Address, Directory
 from rlinf_hpc.comm.handles import WorkHandle
 from rlinf_hpc.comm.inbox import Inbox
+from rlinf_hpc.comm.links import Link, Links
 from rlinf_hpc.comm.mpi import mpi, world
 from rlinf_hpc.comm.packing import Leaf, pack
+from rlinf_hpc.comm.routing import HOST, LINK_MIN_BYTES, choose_route
 
 _ENVELOPE_TAG = 21
 _PAYLOAD_TAG = 22
@@ -43,6 +45,12 @@ class CommOptions:
     batch_count: int = 4096
     inline_below: int = 64 << 10
     chunk_bytes: int = 64 << 20
+    #: CPU<->CPU route for large leaves: "host" (MPI) or "gloo" (torch.distributed links).
+    cpu_link: str = "host"
+    #: Leaves smaller than this always take the MPI host path.
+    link_min_bytes: int = LINK_MIN_BYTES
+    #: How long a new NCCL/gloo link may take to set up before the pair falls back to host.
+    link_timeout_s: float = 120.0
 
 
 def _staged_chunks(leaf: Leaf, chunk: int) -> Iterator[memoryview]:
@@ -103,7 +111,8 @@ class DataPlane:
         self.options = options or CommOptions()
         self._batches: dict[int, _Batch] = {}
         self._inflight: list[WorkHandle] = []
-        self._inbox = Inbox(self._comm, _ENVELOPE_TAG, _PAYLOAD_TAG, self._name)
+        self.links = Links(self.rank, self.options.link_timeout_s)
+        self._inbox = Inbox(self._comm, _ENVELOPE_TAG, _PAYLOAD_TAG, self._name, self.links, device)
         self.collectives = Collectives(self)
         #: Counters for diagnostics and tests (monotonic over the plane's life).
         self.stats = {
@@ -120,7 +129,18 @@ class DataPlane:
 
     # -- addressing ----------------------------------------------------------------------------
     def set_directory(self, directory: Directory) -> None:
-        self.directory = directory
+        """Adopt a new placement. Links to ranks whose place changed are released; a rank whose
+        own place changed releases all of its links (every peer drops its end too)."""
+        old, self.directory = self.directory, directory
+        changed = {
+            r
+            for r in range(max(old.world_size, directory.world_size))
+            if old.roles_of(r) != directory.roles_of(r)
+        }
+        if self.rank in changed:
+            changed = set(range(max(old.world_size, directory.world_size)))
+        if changed:
+            self.links.release(changed)
 
     def resolve(self, address: Address) -> int:
         return self.directory.resolve(address)
@@ -151,20 +171,26 @@ class DataPlane:
             requests = [self._comm.Isend([envelope, mpi().BYTE], rank, _ENVELOPE_TAG)]
             keep: list[Any] = [envelope]
             self._count(envelopes=1, nbytes=len(envelope))
+            works: list[Any] = []
         else:
-            requests, keep = self._send_large(rank, tag, description, leaves)
-        handle = self._send_handle(rank, tag, nbytes, requests, keep)
+            requests, works, keep = self._send_large(rank, tag, description, leaves)
+        handle = self._send_handle(rank, tag, nbytes, requests, works, keep)
         if track:  # so that `progress` completes it even if the caller never waits
             self._inflight.append(handle)
         return handle
 
     def _send_handle(
-        self, rank: int, tag: Any, nbytes: int, requests: list[Any], keep: list[Any]
+        self, rank: int, tag: Any, nbytes: int, requests: list[Any], works: list[Any], keep: list[Any]
     ) -> WorkHandle:
         def test() -> bool:
             if requests and not mpi().Request.Testall(requests):
                 return False
+            if works and not all(work.is_completed() for work in works):
+                return False
+            for work in works:
+                work.wait()  # raises if the link failed during the transfer
             requests.clear()
+            works.clear()
             keep.clear()
             return True
 
@@ -179,21 +205,58 @@ class DataPlane:
             active_bytes=nbytes,
         )
 
+    def _routes(self, rank: int, leaves: list[Leaf]) -> list[str]:
+        dst_device = self.directory.device_of(rank)
+        same_node = self.directory.same_node(self.rank, rank)
+        return [
+            choose_route(
+                leaf.device,
+                dst_device,
+                same_node,
+                leaf.nbytes,
+                self.options.cpu_link,
+                self.options.link_min_bytes,
+            )
+            if leaf.kind == "T"
+            else HOST
+            for leaf in leaves
+        ]
+
     def _send_large(
         self, rank: int, tag: Any, description: Any, leaves: list[Leaf]
-    ) -> tuple[list[Any], list[Any]]:
+    ) -> tuple[list[Any], list[Any], list[Any]]:
         chunk = self.options.chunk_bytes
-        envelope = wire.encode(("S", tag, description, False, chunk))
+        routes = self._routes(rank, leaves)
+        links: dict[str, Link] = {}
+        setups: list[tuple] = []
+        for backend in sorted(set(routes) - {HOST}):
+            link, setup = self.links.outgoing(rank, backend)
+            if link is None:  # the pair fell back to host earlier
+                routes = [HOST if r == backend else r for r in routes]
+                continue
+            links[backend] = link
+            if setup is not None:
+                setups.append(setup)
+        envelope = wire.encode(("S", tag, description, False, chunk, routes, setups))
         requests = [self._comm.Isend([envelope, mpi().BYTE], rank, _ENVELOPE_TAG)]
         keep: list[Any] = [envelope]
         self._count(envelopes=1, nbytes=len(envelope))
-        for leaf in leaves:
+        for backend, link in links.items():
+            if link.group is None and not self.links.establish(link):  # the peer fails too
+                routes = [HOST if r == backend else r for r in routes]
+        works = []
+        for leaf, route in zip(leaves, routes, strict=True):
+            if route != HOST:
+                tensor = leaf.value.detach().contiguous()
+                keep.append(tensor)
+                works.append(links[route].send(tensor))
+                continue
             for piece in _staged_chunks(leaf, chunk):
                 keep.append(piece)
                 requests.append(self._comm.Isend([piece, mpi().BYTE], rank, _PAYLOAD_TAG))
                 self._count(payloads=1, nbytes=len(piece))
                 mpi().Request.Testall(requests)  # progress the sends while staging the next piece
-        return requests, keep
+        return requests, works, keep
 
     def _queue_small(
         self, rank: int, tag: Any, description: Any, leaves: list[Leaf], nbytes: int
@@ -316,6 +379,8 @@ class DataPlane:
     def pending(self) -> dict[str, int]:
         """Counts of in-flight work, for diagnostics and tests."""
         return {
+            "links_live": self.links.live(),
+            "links_created": self.links.created,
             "batches": sum(1 for b in self._batches.values() if b.headers),
             "sends_in_flight": len(self._inflight),
             **self._inbox.counts(),

@@ -56,6 +56,10 @@ class Directory:
         roles = [f"{c}:{ranks.index(rank)}" for c, ranks in self.groups.items() if rank in ranks]
         return f"rank {rank} ({', '.join(roles)})" if roles else f"rank {rank}"
 
+    def roles_of(self, rank: int) -> tuple[tuple[str, int], ...]:
+        """(component, group_rank) pairs of ``rank``: its address(es) in the job."""
+        return tuple((c, ranks.index(rank)) for c, ranks in self.groups.items() if rank in ranks)
+
     def device_of(self, rank: int) -> str:
         return self.devices.get(rank, "cpu")
 

@@ -15,14 +15,16 @@ from typing import Any
 import numpy as np
 
 from rlinf_hpc.comm import wire
+from rlinf_hpc.comm.links import Links
 from rlinf_hpc.comm.mpi import mpi
 from rlinf_hpc.comm.packing import Leaf, allocate_leaf, leaf_from_bytes, leaf_nbytes, leaf_nodes, unpack
+from rlinf_hpc.comm.routing import HOST, NCCL
 
 
 class Incoming:
     """A message whose envelope has arrived; its payload may still be landing."""
 
-    __slots__ = ("description", "in_place", "nbytes", "nodes", "requests", "tag", "values")
+    __slots__ = ("description", "in_place", "nbytes", "nodes", "requests", "tag", "values", "works")
 
     def __init__(
         self,
@@ -33,6 +35,7 @@ class Incoming:
         requests: list[Any],
         nbytes: int,
         in_place: bool,
+        works: list[Any] | None = None,
     ) -> None:
         self.tag = tag
         self.description = description
@@ -43,11 +46,19 @@ class Incoming:
         self.nbytes = nbytes
         #: True when the payload landed directly in the receiver's ``out`` buffers.
         self.in_place = in_place
+        #: torch.distributed receives on links (NCCL/gloo) still in flight.
+        self.works = works or []
 
     def complete(self) -> bool:
         if self.requests and not mpi().Request.Testall(self.requests):
             return False
         self.requests = []
+        if self.works:
+            if not all(work.is_completed() for work in self.works):
+                return False
+            for work in self.works:
+                work.wait()  # raises if the link failed
+            self.works = []
         return True
 
 
@@ -107,8 +118,18 @@ def _copy_leaf(leaf: Leaf, value: Any) -> None:
 class Inbox:
     """Per-rank receive state over the data communicator."""
 
-    def __init__(self, comm: Any, envelope_tag: int, payload_tag: int, name_of: Callable[[int], str]) -> None:
+    def __init__(
+        self,
+        comm: Any,
+        envelope_tag: int,
+        payload_tag: int,
+        name_of: Callable[[int], str],
+        links: Links,
+        device: str,
+    ) -> None:
         self._comm = comm
+        self._links = links
+        self._device = device
         self._envelope_tag = envelope_tag
         self._payload_tag = payload_tag
         self._name_of = name_of
@@ -152,22 +173,64 @@ class Inbox:
                 item, offset = self._fill_inline(rank, tag, description, tail, offset)
                 self._stash.setdefault((rank, tag), deque()).append(item)
             return
-        _, tag, description, inline, chunk = header
+        _, tag, description, inline, chunk, *routing = header
         if inline:
             item = self._fill_inline(rank, tag, description, tail, 0)[0]
             self._stash.setdefault((rank, tag), deque()).append(item)
             return
         nodes = leaf_nodes(description)
-        targets, in_place = self._targets(rank, tag, nodes)
+        routes = self._link_routes(rank, routing, len(nodes))
+        works: list[Any] = []
+        if any(route != HOST for route in routes):
+            values, views = [], []
+            for node, route in zip(nodes, routes, strict=True):
+                if route == HOST:
+                    value, view = allocate_leaf(node)
+                    values.append(value)
+                    views.append(view)
+                    continue
+                value = self._link_buffer(node, route)
+                works.append(self._links.incoming(rank, route, None).recv(value))
+                values.append(value)
+            in_place = False
+        else:
+            targets, in_place = self._targets(rank, tag, nodes)
+            values, views = [v for v, _ in targets], [view for _, view in targets]
         requests = []
-        for _, view in targets:
+        for view in views:
             for start in range(0, len(view), chunk):
                 piece = view[start : start + chunk]
                 requests.append(self._comm.Irecv([piece, mpi().BYTE], rank, self._payload_tag))
-        nbytes = sum(len(view) for _, view in targets)
+        nbytes = sum(leaf_nbytes(node) for node in nodes)
         self._stash.setdefault((rank, tag), deque()).append(
-            Incoming(tag, description, nodes, [v for v, _ in targets], requests, nbytes, in_place)
+            Incoming(tag, description, nodes, values, requests, nbytes, in_place, works)
         )
+
+    def _link_routes(self, rank: int, routing: list[Any], count: int) -> list[str]:
+        """Per-leaf routes of a large message, after setting up any new link it announces.
+
+        A link that cannot be set up sends its leaves over the host path: the sender fails the
+        same rendezvous and does the same.
+        """
+        if not routing:
+            return [HOST] * count
+        routes, setups = routing
+        for setup in setups:
+            if self._links.incoming(rank, setup[0], setup) is None:
+                routes = [HOST if r == setup[0] else r for r in routes]
+        for route in set(routes) - {HOST}:
+            if self._links.incoming(rank, route, None) is None:
+                raise RuntimeError(
+                    f"{self._name_of(rank)} sent over a {route} link that this rank no longer has "
+                    "(released by a re-partition while the message was in flight)"
+                )
+        return list(routes)
+
+    def _link_buffer(self, node: tuple, route: str) -> Any:
+        import torch
+
+        device = self._device if route == NCCL else "cpu"
+        return torch.empty(node[3], dtype=getattr(torch, node[2]), device=device)
 
     def _targets(self, rank: int, tag: Any, nodes: list[tuple]) -> tuple[list[Any], bool]:
         """Where each leaf of a new message lands: the out= buffers of the receive that will

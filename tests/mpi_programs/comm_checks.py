@@ -302,6 +302,52 @@ def check_receive_into_out_buffers(plane: DataPlane, peer: int) -> None:
         world().Barrier()
 
 
+def check_links(size: int, peer: int) -> None:
+    """gloo links on CPU: created lazily, cached, directional, released when the directory
+    changes, re-created afterwards; and a link that cannot be set up falls back to MPI."""
+    directory = Directory(groups={"workers": list(range(1, size))}, world_size=size)
+    plane = DataPlane(directory, options=CommOptions(cpu_link="gloo", link_timeout_s=20))
+    message = {"w": torch.arange(1_000_000, dtype=torch.float32), "small": torch.tensor([3])}
+    if plane.rank == 0:
+        for _ in range(2):
+            plane.send(message, peer, tag="link", timeout=60)
+        assert plane.pending()["links_created"] == 1, plane.pending()  # created once, reused
+        back = plane.recv(peer, tag="link-back", timeout=60)  # peer -> 0 is a link of its own
+        assert same(back, message)
+        assert plane.pending()["links_live"] == 2, plane.pending()
+    elif plane.rank == peer:
+        for _ in range(2):
+            assert same(plane.recv(0, tag="link", timeout=60), message)
+        plane.send(message, 0, tag="link-back", timeout=60)
+        assert plane.pending()["links_live"] == 2 and plane.pending()["links_created"] == 1
+    world().Barrier()
+    # the peer changes place in the job: every rank drops its links to and from it
+    moved = {"workers": list(range(1, size)), "actor": [peer]}  # the peer joins another group
+    plane.set_directory(Directory(groups=moved, world_size=size))
+    if plane.rank in (0, peer):
+        assert plane.pending()["links_live"] == 0, plane.pending()
+    if plane.rank == 0:
+        plane.send(message, peer, tag="again", timeout=60)
+        assert plane.pending()["links_created"] == 2
+    elif plane.rank == peer:
+        assert same(plane.recv(0, tag="again", timeout=60), message)
+    world().Barrier()
+    # a link whose store address is wrong: both sides fail the rendezvous, bytes go over MPI
+    broken = DataPlane(directory, options=CommOptions(cpu_link="gloo", link_timeout_s=3))
+    if broken.rank == 0:
+        broken.links.fault_bad_address = True
+        start = time.monotonic()
+        broken.send(message, peer, tag="fallback", timeout=60)
+        broken.send(message, peer, tag="fallback", timeout=60)  # no second attempt: host at once
+        assert broken.pending()["links_created"] == 0 and broken.links._broken == {(peer, "gloo")}
+        assert time.monotonic() - start < 30
+    elif broken.rank == peer:
+        for _ in range(2):
+            assert same(broken.recv(0, tag="fallback", timeout=60), message)
+        assert broken.pending()["links_live"] == 0
+    world().Barrier()
+
+
 def check_bad_input(plane: DataPlane, peer: int, size: int) -> None:
     try:
         plane.isend({"batch": [0, 1, 2, Batch(torch.ones(1), {1, 2}, {})]}, peer)
@@ -418,6 +464,7 @@ def main() -> int:
         ("receive_into_out", lambda: check_receive_into_out_buffers(plane, peer)),
         ("bad_input", lambda: check_bad_input(plane, peer, size)),
         ("hypothesis_ring", lambda: check_hypothesis_ring(plane, size)),
+        ("links", lambda: check_links(size, peer)),
     ]
     only = set(filter(None, os.environ.get("COMM_CHECKS", "").split(",")))
     for name, check in checks:
