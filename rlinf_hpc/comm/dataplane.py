@@ -132,6 +132,8 @@ class DataPlane:
         """Adopt a new placement. Links to ranks whose place changed are released; a rank whose
         own place changed releases all of its links (every peer drops its end too)."""
         old, self.directory = self.directory, directory
+        if self.rank in directory.devices:  # tensors received here land on this device
+            self.device = self._inbox.device = directory.devices[self.rank]
         changed = {
             r
             for r in range(max(old.world_size, directory.world_size))

@@ -129,7 +129,8 @@ class Inbox:
     ) -> None:
         self._comm = comm
         self._links = links
-        self._device = device
+        #: Device of NCCL receive buffers (the rank's device).
+        self.device = device
         self._envelope_tag = envelope_tag
         self._payload_tag = payload_tag
         self._name_of = name_of
@@ -229,7 +230,7 @@ class Inbox:
     def _link_buffer(self, node: tuple, route: str) -> Any:
         import torch
 
-        device = self._device if route == NCCL else "cpu"
+        device = self.device if route == NCCL else "cpu"
         return torch.empty(node[3], dtype=getattr(torch, node[2]), device=device)
 
     def _targets(self, rank: int, tag: Any, nodes: list[tuple]) -> tuple[list[Any], bool]:
