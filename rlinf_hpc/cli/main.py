@@ -142,6 +142,7 @@ def _cmd_info(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``rlinf-hpc`` command; returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
     args.debug = getattr(args, "debug", False)

@@ -145,6 +145,7 @@ class DataPlane:
             self.links.release(changed)
 
     def resolve(self, address: Address) -> int:
+        """World rank of an address (see `Directory.resolve`)."""
         return self.directory.resolve(address)
 
     def _name(self, rank: int) -> str:
@@ -389,5 +390,6 @@ class DataPlane:
         }
 
     def free(self) -> None:
+        """Release the data communicator (after the last transfer)."""
         if self._comm != mpi().COMM_NULL:
             self._comm.Free()

@@ -61,7 +61,9 @@ class Directory:
         return tuple((c, ranks.index(rank)) for c, ranks in self.groups.items() if rank in ranks)
 
     def device_of(self, rank: int) -> str:
+        """Device tensors sent to ``rank`` should land on (``cpu`` if unknown)."""
         return self.devices.get(rank, "cpu")
 
     def same_node(self, a: int, b: int) -> bool:
+        """True when both ranks run on the same node."""
         return self.nodes.get(a, -1) == self.nodes.get(b, -2)

@@ -33,6 +33,7 @@ class GroupComm:
 
     @property
     def freed(self) -> bool:
+        """True once `free` ran."""
         return id(self) not in _live
 
     def barrier(self, timeout: float | None = None) -> None:
@@ -45,6 +46,7 @@ class GroupComm:
         )
 
     def allgather(self, obj: Any) -> list[Any]:
+        """Every member's ``obj`` in group-rank order (small control values)."""
         return self._comm.allgather(obj)
 
     def allreduce(self, obj: Any) -> Any:
@@ -52,6 +54,7 @@ class GroupComm:
         return self._comm.allreduce(obj)
 
     def bcast(self, obj: Any, root: int = 0) -> Any:
+        """``root``'s ``obj`` on every member (small control values)."""
         return self._comm.bcast(obj, root=root)
 
     def free(self) -> None:

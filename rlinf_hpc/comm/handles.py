@@ -51,6 +51,7 @@ class WorkHandle:
         self._activated = True
 
     def done(self) -> bool:
+        """True once complete (tests without blocking; flushes pending batches first)."""
         if self._value is not _NOTHING:
             return True
         if self._before_wait is not None:

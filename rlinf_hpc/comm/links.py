@@ -208,4 +208,5 @@ class Links:
         return released
 
     def live(self) -> int:
+        """Number of links (either direction) currently open on this rank."""
         return len(self._outgoing) + len(self._incoming)

@@ -24,10 +24,12 @@ def world() -> Any:
 
 
 def world_rank() -> int:
+    """This process's rank in ``COMM_WORLD``."""
     return int(world().Get_rank())
 
 
 def world_size() -> int:
+    """Number of ranks in ``COMM_WORLD``."""
     return int(world().Get_size())
 
 

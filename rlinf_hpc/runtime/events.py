@@ -20,6 +20,7 @@ class EventLog:
             self._file = path.open("a", encoding="utf-8")
 
     def write(self, event: str, **fields: Any) -> None:
+        """Append one event with this rank and a timestamp."""
         if self._file is None:
             return
         record = {"time": round(time.time(), 6), "rank": self.rank, "event": event, **fields}

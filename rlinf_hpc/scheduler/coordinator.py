@@ -55,12 +55,14 @@ class Coordinator:
     # -- placement ---------------------------------------------------------------------------
     @property
     def placement(self) -> Placement:
+        """The current component -> ranks placement (after `start`)."""
         if self._placement is None:
             raise RuntimeError("Coordinator.start() has not run yet")
         return self._placement
 
     @property
     def worker_ranks(self) -> list[int]:
+        """Every world rank but the coordinator's."""
         return [s.rank for s in self.slots if s.rank != COORDINATOR_RANK]
 
     def start(self) -> Placement:

@@ -36,6 +36,7 @@ class CallFuture:
         return self._reply is not None
 
     def describe(self) -> str:
+        """``component.method on rank N (call #id)`` for messages."""
         return f"{self.component}.{self.method} on rank {self.rank} (call #{self.call_id})"
 
     def result(self, timeout: float | None = None) -> Any:

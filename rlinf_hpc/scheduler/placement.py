@@ -21,9 +21,11 @@ class Placement:
     groups: dict[str, list[int]]
 
     def ranks_of(self, component: str) -> list[int]:
+        """World ranks of ``component``."""
         return self.groups[component]
 
     def components_on(self, rank: int) -> list[str]:
+        """Components hosted by world rank ``rank``."""
         return [name for name, ranks in self.groups.items() if rank in ranks]
 
 

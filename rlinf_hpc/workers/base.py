@@ -54,6 +54,7 @@ class Worker:
 
     @property
     def group_size(self) -> int:
+        """Number of ranks in this worker's component group."""
         return self.group.size
 
     def rank_seed(self) -> int:
