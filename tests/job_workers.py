@@ -73,8 +73,9 @@ def signal_flow(coordinator: Coordinator) -> None:
     pids = [os.getpid()]
     for name in coordinator.placement.groups:
         pids += coordinator.group(name).call("pid").result()
+    busy = coordinator.group("alpha").call("sleep", 120.0)  # sent before the test may signal
     print("PIDS " + " ".join(map(str, pids)), flush=True)
-    coordinator.group("alpha").call("sleep", 120.0).result(timeout=300)
+    busy.result(timeout=300)
 
 
 def repartition_flow(coordinator: Coordinator) -> dict[str, Any]:

@@ -258,7 +258,7 @@ class Coordinator:
         timeout = self.config.job.shutdown_timeout_s if timeout is None else timeout
         remaining = [r for r in self.worker_ranks if r not in self._departed]
         for rank in remaining:
-            self.control.send_command(rank, Shutdown(exit_code, reason))
+            self.control.send_command(rank, Shutdown(reason))
         deadline = time.monotonic() + timeout
         backoff = Backoff()
         while any(r not in self._departed for r in remaining) and time.monotonic() < deadline:

@@ -59,9 +59,13 @@ class Leave:
 
 @dataclass(frozen=True)
 class Shutdown:
-    """Leave the service loop and exit with ``exit_code``. Acknowledged with a `Bye`."""
+    """Leave the service loop and exit. Acknowledged with a `Bye`.
 
-    exit_code: int
+    Workers then exit with status 0 and the coordinator carries the job's status: a worker
+    leaving with a non-zero status makes mpiexec (Hydra) kill the remaining ranks at once,
+    including a coordinator still waiting for the others to acknowledge.
+    """
+
     reason: str
 
 

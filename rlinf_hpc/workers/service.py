@@ -129,7 +129,7 @@ class WorkerService:
                 log.exception("teardown of '%s' failed", name)
 
     def serve(self) -> int:
-        """Run until `Shutdown`; returns the exit code this rank should end with."""
+        """Run until `Shutdown` (returns 0), a signal (128 + signal) or an internal error (1)."""
         backoff = Backoff()
         try:
             while True:
@@ -137,7 +137,7 @@ class WorkerService:
                 if isinstance(command, Shutdown):
                     self._teardown_all()
                     self._say_bye("shutdown")
-                    return command.exit_code
+                    return 0  # the coordinator carries the job's exit status (see Shutdown)
                 self.control.send_reply(self._execute(command))
                 self.comm.progress()  # small async sends a method left behind leave now
         except JobInterrupted as exc:
