@@ -24,8 +24,10 @@ COMM_RATIOS = {
 def test_bench_comm_writes_every_ratio(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     # one timed repetition: this checks the tool, not the speed (BENCHMARKS.md has the figures)
-    result = run_command([str(BIN / "python"), str(REPO / "tools" / "bench_comm.py"), "--repeats", "1",
-                          "--json", str(out)], timeout=240)
+    result = run_command(
+        [str(BIN / "python"), str(REPO / "tools" / "bench_comm.py"), "--repeats", "1", "--json", str(out)],
+        timeout=240,
+    )
     assert result.returncode in (0, 1), result.output  # 1 = a ratio missed its bound on a busy box
     data = json.loads(out.read_text())
     assert set(data["ratios"]) == COMM_RATIOS

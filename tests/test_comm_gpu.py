@@ -16,9 +16,15 @@ pytestmark = [
 
 def test_gpu_comm_checks() -> None:
     result = run_command(
-        [str(BIN / "mpiexec"), "-n", "2", str(BIN / "python"),
-         str(TESTS_DIR / "mpi_programs" / "gpu_checks.py")],
-        timeout=300, env=job_env({"MPIEXEC_TIMEOUT": "280"}),
+        [
+            str(BIN / "mpiexec"),
+            "-n",
+            "2",
+            str(BIN / "python"),
+            str(TESTS_DIR / "mpi_programs" / "gpu_checks.py"),
+        ],
+        timeout=300,
+        env=job_env({"MPIEXEC_TIMEOUT": "280"}),
     )
     assert result.returncode == 0, result.output
     assert "ALL GPU CHECKS OK" in result.stdout, result.output

@@ -332,6 +332,15 @@ class DataPlane:
                 return self._inbox.finish(item, rank, device or self.device, None)
         return self.irecv(src, tag, device, out).wait(timeout)
 
+    def try_recv(self, src: Address, tag: Any = 0, device: str | None = None) -> tuple[bool, Any]:
+        """``(True, obj)`` if a complete message from ``src`` with ``tag`` is here, else
+        ``(False, None)``; never waits."""
+        rank = self.resolve(src)
+        item = self._inbox.take_ready(rank, tag)
+        if item is None:
+            return False, None
+        return True, self._inbox.finish(item, rank, device or self.device, None)
+
     def irecv(self, src: Address, tag: Any = 0, device: str | None = None, out: Any = None) -> WorkHandle:
         """Start receiving; the handle's ``wait()`` returns the object (see `recv`)."""
         rank = self.resolve(src)

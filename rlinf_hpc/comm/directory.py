@@ -14,6 +14,18 @@ Address: TypeAlias = "int | tuple[str, int]"
 
 
 @dataclass(frozen=True)
+class ChannelSpec:
+    """A channel as every rank sees it: who produces, who consumes, how items are balanced."""
+
+    name: str
+    producers: tuple[int, ...]
+    consumers: tuple[int, ...]
+    policy: str = "performance_aware"
+    capacity: int = 64
+    consumer_weights: tuple[float, ...] | None = None
+
+
+@dataclass(frozen=True)
 class Directory:
     """Placement as seen by the data plane."""
 
@@ -22,6 +34,7 @@ class Directory:
     nodes: dict[int, int] = field(default_factory=dict)
     world_size: int = 0
     version: int = 0
+    channels: dict[str, ChannelSpec] = field(default_factory=dict)
 
     def resolve(self, address: Address) -> int:
         """World rank of ``address``; ValueError that says what exists when it does not."""

@@ -27,8 +27,9 @@ def main() -> int:
 
     def staged() -> None:
         # host path forced: chunked device->host staging, receiver moves onto its own GPU
-        plane = DataPlane(directory, device=device,
-                          options=CommOptions(link_min_bytes=1 << 62, chunk_bytes=4 << 20))
+        plane = DataPlane(
+            directory, device=device, options=CommOptions(link_min_bytes=1 << 62, chunk_bytes=4 << 20)
+        )
         big = torch.arange(5_000_000, dtype=torch.float32, device=device)
         if rank == 0:
             plane.send({"big": big, "cpu": torch.ones(3)}, 1)
@@ -44,6 +45,7 @@ def main() -> int:
     checks.append(("staged_host_path", staged))
 
     if num_gpus >= 2:
+
         def nccl() -> None:
             plane = DataPlane(directory, device=device)
             tensor = torch.full((16 * 2**20,), 2.0, device=device)

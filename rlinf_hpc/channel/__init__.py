@@ -1,0 +1,25 @@
+"""Data channels between components, with load balancing across consumers."""
+
+from rlinf_hpc.channel.channel import Channel, ChannelFull, EndOfStream
+from rlinf_hpc.channel.policies import (
+    ConsumerView,
+    ItemInfo,
+    LoadBalancePolicy,
+    PerformanceAware,
+    ShortestQueue,
+    WeightedRoundRobin,
+    resolve_policy,
+)
+
+__all__ = [
+    "Channel",
+    "ChannelFull",
+    "ConsumerView",
+    "EndOfStream",
+    "ItemInfo",
+    "LoadBalancePolicy",
+    "PerformanceAware",
+    "ShortestQueue",
+    "WeightedRoundRobin",
+    "resolve_policy",
+]

@@ -1,0 +1,133 @@
+"""Load-balancing policies: which consumer gets the next item of a channel.
+
+A policy sees the item's descriptor and one `ConsumerView` per consumer (queue, service so far,
+measured rate) and returns the index of the consumer to send to. Built-in policies are named in
+the config (``weighted_round_robin``, ``shortest_queue``, ``performance_aware``); a user policy
+is a `LoadBalancePolicy` subclass named by import path (``my_module:MyPolicy``).
+
+>>> views = [ConsumerView(0, 1, queued_items=3), ConsumerView(1, 2, queued_items=1)]
+>>> ShortestQueue().select_consumer(ItemInfo(weight=1.0), views)
+1
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+from rlinf_hpc.errors import UserError
+
+
+@dataclass(frozen=True)
+class ItemInfo:
+    """What a policy knows about the item being placed."""
+
+    weight: float = 1.0
+    key: Any = None
+    nbytes: int = 0
+
+
+@dataclass
+class ConsumerView:
+    """A producer's view of one consumer, kept current by the consumer's acknowledgements."""
+
+    index: int
+    rank: int
+    #: Items sent to it and not yet acknowledged as consumed (or queued weight).
+    queued_items: int = 0
+    queued_weight: float = 0.0
+    served_items: int = 0
+    served_weight: float = 0.0
+    #: Weight the consumer processes per second of busy time (None until measured).
+    rate: float | None = None
+    #: Static share for weighted round-robin (``consumer_weights`` in the config).
+    share: float = 1.0
+
+
+class LoadBalancePolicy:
+    """Subclass and implement `select_consumer`; return an index into ``consumers``."""
+
+    def select_consumer(self, item: ItemInfo, consumers: list[ConsumerView]) -> int:
+        raise NotImplementedError
+
+
+class WeightedRoundRobin(LoadBalancePolicy):
+    """Each consumer receives weight in proportion to its ``share`` (smooth weighted RR)."""
+
+    def __init__(self) -> None:
+        self._credit: dict[int, float] = {}
+
+    def select_consumer(self, item: ItemInfo, consumers: list[ConsumerView]) -> int:
+        total = sum(c.share for c in consumers)
+        for c in consumers:
+            self._credit[c.rank] = self._credit.get(c.rank, 0.0) + c.share
+        best = max(consumers, key=lambda c: (self._credit[c.rank], -c.index))
+        self._credit[best.rank] -= total
+        return best.index
+
+
+class ShortestQueue(LoadBalancePolicy):
+    """The consumer with the least queued weight (ties: fewest items, then lowest index)."""
+
+    def select_consumer(self, item: ItemInfo, consumers: list[ConsumerView]) -> int:
+        return min(consumers, key=lambda c: (c.queued_weight, c.queued_items, c.index)).index
+
+
+class PerformanceAware(LoadBalancePolicy):
+    """The consumer expected to finish this item first: (queued weight + weight) / rate.
+
+    Consumers without a measured rate yet are assumed as fast as the fastest known one, so
+    every consumer is tried early and measured.
+    """
+
+    def select_consumer(self, item: ItemInfo, consumers: list[ConsumerView]) -> int:
+        known = [c.rate for c in consumers if c.rate]
+        default = max(known) if known else 1.0
+
+        def finish(c: ConsumerView) -> tuple[float, int]:
+            return ((c.queued_weight + item.weight) / (c.rate or default), c.index)
+
+        return min(consumers, key=finish).index
+
+
+BUILTIN_POLICIES: dict[str, type[LoadBalancePolicy]] = {
+    "weighted_round_robin": WeightedRoundRobin,
+    "round_robin": WeightedRoundRobin,
+    "shortest_queue": ShortestQueue,
+    "performance_aware": PerformanceAware,
+}
+
+
+def resolve_policy(name: str) -> LoadBalancePolicy:
+    """A fresh policy for a built-in name or ``package.module:Class``; `UserError` if neither."""
+    if name in BUILTIN_POLICIES:
+        return BUILTIN_POLICIES[name]()
+    module_name, sep, class_name = name.partition(":")
+    if not sep:
+        raise UserError(
+            f"channel policy '{name}' is neither built in ({', '.join(sorted(BUILTIN_POLICIES))}) "
+            "nor an import path 'package.module:Class'."
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise UserError(f"channel policy '{name}': cannot import '{module_name}' ({exc}).") from None
+    cls = getattr(module, class_name, None)
+    if not (isinstance(cls, type) and issubclass(cls, LoadBalancePolicy)):
+        raise UserError(
+            f"channel policy '{name}': '{class_name}' in '{module_name}' is "
+            f"{'missing' if cls is None else 'not a subclass of rlinf_hpc.channel.LoadBalancePolicy'}."
+        )
+    return cls()
+
+
+def checked_choice(policy: LoadBalancePolicy, item: ItemInfo, consumers: list[ConsumerView]) -> int:
+    """Run the policy and insist on a valid index (a user policy's bug names the policy)."""
+    choice = policy.select_consumer(item, consumers)
+    if isinstance(choice, bool) or not isinstance(choice, int) or not 0 <= choice < len(consumers):
+        raise ValueError(
+            f"{type(policy).__name__}.select_consumer returned {choice!r}; it must return an index "
+            f"in 0..{len(consumers) - 1} (one per consumer)"
+        )
+    return choice

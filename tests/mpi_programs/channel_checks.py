@@ -1,0 +1,215 @@
+"""Channel checks on every rank under ``mpiexec -n N`` (N >= 3): rank 0 produces, the others
+consume (run by tests/test_channel_mpi.py). Failures abort the job; nothing hangs."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+
+import torch
+
+from rlinf_hpc.channel import Channel, ChannelFull, EndOfStream, LoadBalancePolicy, resolve_policy
+from rlinf_hpc.comm import ChannelSpec, CommOptions, DataPlane, Directory
+from rlinf_hpc.comm.mpi import world
+from rlinf_hpc.errors import CommTimeoutError, UserError
+
+torch.set_num_threads(1)
+
+
+class LastConsumer(LoadBalancePolicy):
+    """A user policy: always the last consumer."""
+
+    def select_consumer(self, item, consumers):  # noqa: ANN001, ANN201
+        return len(consumers) - 1
+
+
+class Broken(LoadBalancePolicy):
+    def select_consumer(self, item, consumers):  # noqa: ANN001, ANN201
+        return 99
+
+
+def make_plane(size: int, **specs: dict) -> DataPlane:
+    consumers = tuple(range(1, size))
+    channels = {name: ChannelSpec(name, (0,), consumers, **spec) for name, spec in specs.items()}
+    directory = Directory(groups={"consumer": list(consumers)}, world_size=size, channels=channels)
+    return DataPlane(directory, options=CommOptions())
+
+
+def drain(channel: Channel) -> list:
+    got = []
+    while True:
+        try:
+            got.append(channel.get(timeout=60))
+        except EndOfStream:
+            return got
+
+
+def check_every_item_once_in_order(plane: DataPlane, size: int) -> None:
+    for policy in ("round_robin", "shortest_queue", "performance_aware", "channel_checks:LastConsumer"):
+        channel = Channel(plane, f"c-{policy}")
+        if plane.rank == 0:
+            for i in range(200):
+                channel.put({"i": i, "t": torch.full((4,), i)}, weight=1 + i % 3)
+            channel.close()
+            stats = channel.stats()
+            served = [c["served_items"] for c in stats["consumers"]]
+            assert sum(served) <= 200
+            if policy == "channel_checks:LastConsumer":
+                assert stats["consumers"][-1]["queued_items"] + served[-1] == 200, stats
+        else:
+            got = drain(channel)
+            ids = [g["i"] for g in got]
+            assert ids == sorted(ids), f"{policy}: out of order on rank {plane.rank}"
+            assert all(int(g["t"][0]) == g["i"] for g in got)
+            if policy == "channel_checks:LastConsumer":
+                assert len(ids) == (200 if plane.rank == size - 1 else 0)
+        everything = world().gather([] if plane.rank == 0 else ids, root=0)
+        if plane.rank == 0:
+            flat = sorted(i for part in everything for i in part)
+            assert flat == list(range(200)), f"{policy}: items lost or duplicated"
+
+
+def check_weights_and_batches(plane: DataPlane, size: int) -> None:
+    channel = Channel(plane, "batches")
+    if plane.rank == 0:
+        for i in range(40 * (size - 1)):
+            channel.put(i, weight=2.0, key="k")  # one key: every item goes to one consumer
+        channel.close()
+    else:
+        got = []
+        while True:
+            try:
+                batch = channel.get_batch(target_weight=7.0, timeout=60)
+            except EndOfStream:
+                break
+            assert 1 <= len(batch) <= 4, batch  # weights of 2: at most 4 reach 7
+            got += batch
+        counts = world().allgather(len(got))
+        assert sorted(counts[1:])[-1] == 40 * (size - 1) and sum(counts[1:]) == 40 * (size - 1)
+        assert got == sorted(got)
+        return
+    world().allgather(0)
+
+
+def check_backpressure(plane: DataPlane, size: int) -> None:
+    channel = Channel(plane, "small")
+    if plane.rank == 0:
+        for i in range(4):
+            channel.put(i, block=False)
+        try:
+            channel.put(99, block=False)
+        except ChannelFull as exc:
+            assert "capacity 4" in str(exc)
+        else:
+            raise AssertionError("a full channel accepted a non-blocking put")
+        world().Barrier()  # consumers start taking now
+        start = time.monotonic()
+        channel.put(4, timeout=60)  # blocks until a consumer acknowledges
+        assert time.monotonic() - start < 30
+        channel.close()
+    else:
+        world().Barrier()
+        drain(channel)
+
+
+def check_bad_input(plane: DataPlane, size: int) -> None:
+    channel = Channel(plane, "bad")
+    if plane.rank == 0:
+        for weight in (-1.0, float("nan"), "heavy"):
+            try:
+                channel.put(1, weight=weight)
+            except ValueError as exc:
+                assert "weight must be a number >= 0" in str(exc)
+            else:
+                raise AssertionError(f"weight {weight!r} accepted")
+        try:
+            Channel(plane, "nope")
+        except ValueError as exc:
+            assert "no channel 'nope'" in str(exc) and "channels:" in str(exc)
+        else:
+            raise AssertionError("unknown channel accepted")
+        broken = Channel(plane, "broken")
+        try:
+            broken.put(1)
+        except ValueError as exc:
+            assert "Broken.select_consumer returned 99" in str(exc)
+        else:
+            raise AssertionError("invalid policy index accepted")
+        channel.close()
+        try:
+            channel.put(1)
+        except ValueError as exc:
+            assert "after this producer closed it" in str(exc)
+        else:
+            raise AssertionError("put after close accepted")
+        for path in ("no_such_module:Policy", "channel_checks:Nothing", "shortest"):
+            try:
+                resolve_policy(path)
+            except UserError as exc:
+                assert path.split(":")[0] in str(exc)
+            else:
+                raise AssertionError(f"policy {path} accepted")
+    else:
+        assert drain(channel) == []
+        try:  # closed and drained: a clear error, no hang
+            channel.get(timeout=5)
+        except EndOfStream as exc:
+            assert "closed by every producer" in str(exc)
+        try:
+            channel.put(1)
+        except ValueError as exc:
+            assert "is not a producer" in str(exc)
+        else:
+            raise AssertionError("a consumer could put")
+        try:
+            Channel(plane, "never").get(timeout=0.3)
+        except CommTimeoutError as exc:
+            assert "for an item of channel 'never' from producers [0]" in str(exc)
+        else:
+            raise AssertionError("get on an idle channel did not time out")
+
+
+def main() -> int:
+    comm = world()
+    size = comm.Get_size()
+    assert size >= 3
+    specs = {
+        f"c-{p}": {"policy": p}
+        for p in ("round_robin", "shortest_queue", "performance_aware", "channel_checks:LastConsumer")
+    }
+    specs |= {
+        "batches": {},
+        "small": {"capacity": 4},
+        "bad": {},
+        "never": {},
+        "broken": {"policy": "channel_checks:Broken"},
+    }
+    plane = make_plane(size, **specs)
+    checks = [
+        ("every_item_once_in_order", lambda: check_every_item_once_in_order(plane, size)),
+        ("weights_and_batches", lambda: check_weights_and_batches(plane, size)),
+        ("backpressure", lambda: check_backpressure(plane, size)),
+        ("bad_input", lambda: check_bad_input(plane, size)),
+    ]
+    only = set(filter(None, os.environ.get("CHANNEL_CHECKS", "").split(",")))
+    for name, check in checks:
+        if only and name not in only:
+            continue
+        try:
+            check()
+            comm.Barrier()
+        except BaseException:  # noqa: BLE001
+            sys.stderr.write(f"rank {plane.rank}: check {name} FAILED\n{traceback.format_exc()}")
+            sys.stderr.flush()
+            comm.Abort(1)
+        if plane.rank == 0:
+            print(f"CHECK {name} ok", flush=True)
+    if plane.rank == 0:
+        print(f"ALL CHANNEL CHECKS OK on {size} ranks", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
