@@ -164,3 +164,66 @@ def peer_flow(coordinator: Coordinator) -> dict[str, Any]:
     }
     print("PEER " + repr(result), flush=True)
     return result
+
+
+class ChannelWorker(ProbeWorker):
+    """Produces numbered items into channel 'work', or consumes them."""
+
+    def produce(self, start: int, stop: int, close: bool = False) -> int:
+        channel = self.channel("work")
+        for i in range(start, stop):
+            channel.put({"i": i}, weight=1 + i % 3)
+        if close:
+            channel.close()
+        return stop - start
+
+    def consume(self, count: int) -> list[int]:
+        channel = self.channel("work")
+        return [channel.get(timeout=60)["i"] for _ in range(count)]
+
+    def channel_stats(self) -> dict[str, Any]:
+        return self.channel("work").stats()
+
+    def drain(self) -> list[int]:
+        from rlinf_hpc.channel import EndOfStream
+
+        channel = self.channel("work")
+        taken = []
+        while True:
+            try:
+                taken.append(channel.get(timeout=60)["i"])
+            except EndOfStream:
+                return taken
+
+
+def channel_flow(coordinator: Coordinator) -> dict[str, Any]:
+    """Items flow producer -> 3 consumers; a consumer leaves mid-stream; nothing is lost."""
+    producer, consumer = coordinator.group("producer"), coordinator.group("consumer")
+    first = producer.call("produce", 0, 150)
+    taken = consumer.call("consume", 20)
+    first.result()
+    consumed = [i for part in taken.result() for i in part]
+    leaving = coordinator.placement.ranks_of("consumer")[-1]
+    coordinator.repartition(
+        {
+            "consumer": coordinator.placement.ranks_of("consumer")[:-1],
+            "spare": coordinator.placement.ranks_of("spare") + [leaving],
+        }
+    )
+    second = producer.call("produce", 150, 300, True)
+    drained = consumer.call("drain")
+    second.result()
+    consumed += [i for part in drained.result() for i in part]
+    spare_index = coordinator.placement.ranks_of("spare").index(leaving)
+    handed_over = coordinator.group("spare").subset([spare_index]).call("channel_stats").result()[0]
+    result = {
+        "count": len(consumed),
+        "unique": len(set(consumed)),
+        "min": min(consumed),
+        "max": max(consumed),
+        "leaving": leaving,
+        "forwarded": handed_over["forwarded_items"],
+        "producer": producer.call("channel_stats").result()[0],
+    }
+    print("CHANNEL " + repr(result), flush=True)
+    return result

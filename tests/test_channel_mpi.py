@@ -15,8 +15,15 @@ def test_channel_checks(num_ranks: int) -> None:
     env = job_env({"MPIEXEC_TIMEOUT": "200"})
     env["PYTHONPATH"] = f"{programs}:{env['PYTHONPATH']}"
     result = run_command(
-        [str(BIN / "mpiexec"), "-n", str(num_ranks), str(BIN / "python"), str(programs / "channel_checks.py")],
-        timeout=220, env=env,
+        [
+            str(BIN / "mpiexec"),
+            "-n",
+            str(num_ranks),
+            str(BIN / "python"),
+            str(programs / "channel_checks.py"),
+        ],
+        timeout=220,
+        env=env,
     )
     assert result.returncode == 0, result.output
     assert f"ALL CHANNEL CHECKS OK on {num_ranks} ranks" in result.stdout, result.output

@@ -225,3 +225,23 @@ def test_workers_talk_by_address_and_after_repartition(tmp_path: Path) -> None:
     assert report["second"] == {"from": report["moved"], "payload": "hello from a new member"}
     assert report["alpha"] == [1, report["moved"]]
     assert "no component 'coordinator-check'" in report["gone"]
+
+
+def test_channel_items_survive_a_consumer_leaving(tmp_path: Path) -> None:
+    path = tmp_path / "channel.toml"
+    path.write_text(
+        '[job]\nname = "channel"\nnum_ranks = 6\ncall_timeout_s = 120\n'
+        '[components.producer]\nworker = "job_workers:ChannelWorker"\n'
+        '[components.consumer]\nworker = "job_workers:ChannelWorker"\nnum_ranks = 3\n'
+        '[components.spare]\nworker = "job_workers:ChannelWorker"\n'
+        '[channels.work]\nproducers = "producer"\nconsumers = "consumer"\ncapacity = 1000\n'
+        'policy = "shortest_queue"\n'
+        '[flow]\nrunner = "job_workers:channel_flow"\n'
+    )
+    result = rlinf("run", str(path), timeout=180)
+    assert result.returncode == 0, result.output
+    report = ast.literal_eval(_line(result.stdout, "CHANNEL "))
+    # 300 items, each consumed exactly once, although a consumer left holding some of them
+    assert (report["count"], report["unique"], report["min"], report["max"]) == (300, 300, 0, 299)
+    assert report["forwarded"] > 0, report  # the leaving consumer really held items to hand over
+    assert report["producer"]["outstanding"] == 0  # every item acknowledged to its producer

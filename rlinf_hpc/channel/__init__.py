@@ -10,6 +10,7 @@ from rlinf_hpc.channel.policies import (
     WeightedRoundRobin,
     resolve_policy,
 )
+from rlinf_hpc.channel.registry import attach_channels, channel_for
 
 __all__ = [
     "Channel",
@@ -21,5 +22,7 @@ __all__ = [
     "PerformanceAware",
     "ShortestQueue",
     "WeightedRoundRobin",
+    "attach_channels",
+    "channel_for",
     "resolve_policy",
 ]

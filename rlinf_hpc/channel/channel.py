@@ -34,7 +34,10 @@ from rlinf_hpc.channel.policies import ConsumerView, ItemInfo, checked_choice, r
 from rlinf_hpc.comm import Backoff, ChannelSpec, DataPlane, WorkHandle
 from rlinf_hpc.errors import CommTimeoutError
 
-_END = -1  # item id of the end-of-stream marker
+# Item ids below zero are markers, in order with the items on the same (sender, tag) stream.
+_END = -1  # the producer closed the channel
+_FENCE = -2  # the producer sends nothing more to this (former) consumer
+_FORWARDED = -3  # a former consumer has passed on everything it held
 _ACK_FLUSH_S = 1e-3  # acknowledgements leave at least this often while items are consumed
 
 
@@ -49,7 +52,7 @@ class ChannelFull(Exception):
 @dataclass
 class _Received:
     item_id: int
-    producer: int
+    producer: int  # where the acknowledgement goes (the item's origin, also when forwarded)
     key: Any
     weight: float
     value: Any
@@ -79,6 +82,8 @@ class Channel:
         # consumer side
         self._queue: deque[_Received] = deque()
         self._ended: set[int] = set()
+        self._forwarders: set[int] = set()  # former consumers passing their items on
+        self._ack_sources: set[int] = set(self._spec.consumers)
         self._acks: dict[int, list[float]] = {}
         self._last_ack_flush = time.monotonic()
         self._busy_since: float | None = None
@@ -87,6 +92,7 @@ class Channel:
         self._served_items = 0
         self._served_weight = 0.0
         self._get_wait_s = 0.0
+        self._forwarded_items = 0
         self._refresh_views()
 
     # -- membership ------------------------------------------------------------------------
@@ -141,7 +147,8 @@ class Channel:
         view.queued_items += 1
         view.queued_weight += weight
         self._outstanding[item_id] = (consumer, weight)
-        return self.plane.isend((item_id, key, float(weight), item), consumer, self._item_tag)
+        message = (item_id, key, float(weight), item, self.plane.rank)
+        return self.plane.isend(message, consumer, self._item_tag)
 
     def put_batch(
         self,
@@ -208,7 +215,7 @@ class Channel:
 
     def _take_acks(self) -> bool:
         got = False
-        for consumer in list(self._views) + [r for r in self._spec.consumers if r not in self._views]:
+        for consumer in sorted(self._ack_sources):
             while True:
                 found, ack = self.plane.try_recv(consumer, self._ack_tag)
                 if not found:
@@ -217,18 +224,20 @@ class Channel:
                 self._apply_ack(consumer, ack)
         return got
 
-    def _apply_ack(self, consumer: int, ack: tuple) -> None:
+    def _apply_ack(self, acker: int, ack: tuple) -> None:
         item_ids, rate = ack
-        view = self._views.get(consumer)
+        served_by = self._views.get(acker)
         for item_id in item_ids:
-            _, weight = self._outstanding.pop(item_id, (consumer, 0.0))
-            if view is not None:
-                view.queued_items -= 1
-                view.queued_weight -= weight
-                view.served_items += 1
-                view.served_weight += weight
-        if view is not None and rate:
-            view.rate = rate
+            assigned, weight = self._outstanding.pop(item_id, (None, 0.0))
+            queued_at = self._views.get(assigned) if assigned is not None else None
+            if queued_at is not None:
+                queued_at.queued_items -= 1
+                queued_at.queued_weight -= weight
+            if served_by is not None:
+                served_by.served_items += 1
+                served_by.served_weight += weight
+        if served_by is not None and rate:
+            served_by.rate = rate
 
     def close(self) -> None:
         """This producer is done: every consumer gets end-of-stream after its last item."""
@@ -236,7 +245,7 @@ class Channel:
             return
         self._closed = True
         for consumer in self._spec.consumers:
-            self.plane.isend((_END, None, 0.0, None), consumer, self._item_tag)
+            self.plane.isend((_END, None, 0.0, None, self.plane.rank), consumer, self._item_tag)
         self.plane.flush()
 
     # -- consumer ----------------------------------------------------------------------------
@@ -285,20 +294,26 @@ class Channel:
             rate = self._pending_weight / busy
             self._rate = rate if self._rate is None else 0.7 * self._rate + 0.3 * rate
 
-    def _receive_available(self) -> bool:
+    def _receive_available(self, sources: set[int] | None = None) -> bool:
         got = False
-        for producer in self._spec.producers:
+        for source in sorted(sources or set(self._spec.producers) | self._forwarders):
             while True:
-                found, message = self.plane.try_recv(producer, self._item_tag)
+                found, message = self.plane.try_recv(source, self._item_tag)
                 if not found:
                     break
                 got = True
-                item_id, key, weight, value = message
-                if item_id == _END:
-                    self._ended.add(producer)
+                item_id, key, weight, value, origin = message
+                if item_id >= 0:
+                    self._queue.append(_Received(item_id, origin, key, weight, value))
                 else:
-                    self._queue.append(_Received(item_id, producer, key, weight, value))
+                    self._ended.add((source, item_id))
         return got
+
+    def _finished(self) -> bool:
+        """Every producer closed and every former consumer forwarded what it held."""
+        return all((p, _END) in self._ended for p in self._spec.producers) and all(
+            (f, _FORWARDED) in self._ended for f in self._forwarders
+        )
 
     def _take(self, max_items: int | None, target_weight: float | None, key: Any) -> list[_Received]:
         self._receive_available()
@@ -326,7 +341,7 @@ class Channel:
                 taken = self._take(1, None, key)
                 if taken:
                     return taken[0]
-                if set(self._spec.producers) <= self._ended:
+                if self._finished():
                     raise EndOfStream(
                         f"channel '{self.name}' is closed by every producer and has no "
                         f"{'more items' if key is None else f'items with key {key!r}'}"
@@ -357,6 +372,70 @@ class Channel:
         self._acks = {}
         self._last_ack_flush = now
         self.plane.flush()
+
+    # -- re-partition ------------------------------------------------------------------------
+    def on_directory_change(
+        self, old: ChannelSpec | None, new: ChannelSpec | None, timeout: float = 120.0
+    ) -> None:
+        """Follow a placement change. Producers fence consumers that left; a consumer that left
+        takes in everything sent to it up to those fences and passes it on to the remaining
+        consumers; the remaining consumers wait for its hand-over before they can end. Items
+        are neither lost nor delivered twice."""
+        if old is None or new is None:
+            if new is not None:
+                self._spec = new
+                self._refresh_views()
+            return
+        me = self.plane.rank
+        removed = set(old.consumers) - set(new.consumers)
+        self._spec = new
+        self._refresh_views()
+        self._ack_sources |= set(new.consumers)
+        if me in old.producers:
+            for consumer in sorted(removed):
+                self.plane.isend((_FENCE, None, 0.0, None, me), consumer, self._item_tag)
+            if self._closed:  # consumers that joined after close still need the end marker
+                for consumer in sorted(set(new.consumers) - set(old.consumers)):
+                    self.plane.isend((_END, None, 0.0, None, me), consumer, self._item_tag)
+            self._key_owner = {k: r for k, r in self._key_owner.items() if r not in removed}
+            self.plane.flush()
+        if me in new.consumers:
+            self._forwarders |= removed
+        if me in removed:
+            self._hand_over(old, new, timeout)
+
+    def _hand_over(self, old: ChannelSpec, new: ChannelSpec, timeout: float) -> None:
+        self._flush_acks(force=True)
+        producers = set(old.producers) | self._forwarders
+        start = time.monotonic()
+        backoff = Backoff()
+        while not all({(p, _FENCE), (p, _FORWARDED), (p, _END)} & self._ended for p in producers):
+            if self._receive_available(producers):
+                backoff.reset()
+            elif time.monotonic() - start > timeout:
+                raise CommTimeoutError(
+                    f"{self.plane.directory.name_of(self.plane.rank)} left channel '{self.name}' "
+                    f"and waited {timeout:.0f} s for producers {sorted(producers)} to stop sending"
+                )
+            else:
+                backoff.sleep()
+        targets = [ConsumerView(i, rank) for i, rank in enumerate(new.consumers)]
+        handles = []
+        for received in self._queue:
+            view = targets[checked_choice(self._policy, ItemInfo(received.weight, received.key), targets)]
+            view.queued_items += 1
+            view.queued_weight += received.weight
+            message = (received.item_id, received.key, received.weight, received.value, received.producer)
+            handles.append(self.plane.isend(message, view.rank, self._item_tag))
+        self._forwarded_items += len(self._queue)
+        self._queue.clear()
+        for rank in new.consumers:
+            handles.append(
+                self.plane.isend((_FORWARDED, None, 0.0, None, self.plane.rank), rank, self._item_tag)
+            )
+        self.plane.flush()
+        for handle in handles:
+            handle.wait(timeout)
 
     def qsize(self) -> int:
         """Items here and not yet taken (consumer) plus items out and unacknowledged (producer)."""
@@ -393,4 +472,5 @@ class Channel:
             "get_wait_s": self._get_wait_s,
             "rate": self._rate,
             "queued_here": len(self._queue),
+            "forwarded_items": self._forwarded_items,
         }

@@ -18,7 +18,7 @@ One DataPlane per rank, used from the rank's main thread.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,6 +111,7 @@ class DataPlane:
         self.options = options or CommOptions()
         self._batches: dict[int, _Batch] = {}
         self._inflight: list[WorkHandle] = []
+        self._directory_listeners: list[Callable[[Directory, Directory], None]] = []
         self.links = Links(self.rank, self.options.link_timeout_s)
         self._inbox = Inbox(self._comm, _ENVELOPE_TAG, _PAYLOAD_TAG, self._name, self.links, device)
         self.collectives = Collectives(self)
@@ -143,6 +144,12 @@ class DataPlane:
             changed = set(range(max(old.world_size, directory.world_size)))
         if changed:
             self.links.release(changed)
+        for listener in list(self._directory_listeners):
+            listener(old, directory)
+
+    def add_directory_listener(self, listener: Callable[[Directory, Directory], None]) -> None:
+        """Call ``listener(old, new)`` after every placement change (channels use this)."""
+        self._directory_listeners.append(listener)
 
     def resolve(self, address: Address) -> int:
         """World rank of an address (see `Directory.resolve`)."""

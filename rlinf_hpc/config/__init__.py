@@ -1,9 +1,10 @@
 """Typed job configuration loaded from TOML."""
 
 from rlinf_hpc.config.loader import config_from_dict, config_to_toml, load_config, parse_override
-from rlinf_hpc.config.schema import ComponentConfig, Config, FlowConfig, HelloConfig, JobConfig
+from rlinf_hpc.config.schema import ChannelConfig, ComponentConfig, Config, FlowConfig, HelloConfig, JobConfig
 
 __all__ = [
+    "ChannelConfig",
     "ComponentConfig",
     "Config",
     "FlowConfig",

@@ -119,9 +119,12 @@ def _describe_error(err: dict[str, Any], overridden: set[str]) -> str:
         return f"unknown key `{dotted}`{origin}.{hint} Valid keys in {where}: {', '.join(valid)}."
     if err["type"] == "missing":
         return f"`{dotted}` is required but missing."
+    message = str(err["msg"]).removeprefix("Value error, ")
+    if not loc:  # a check across sections: its message names the keys itself
+        return message + "."
     got = err.get("input")
     shown = repr(got) if not isinstance(got, dict) else "a table"
-    return f"`{dotted}`{origin}: {err['msg']}, got {shown}."
+    return f"`{dotted}`{origin}: {message}, got {shown}."
 
 
 def config_from_dict(data: dict[str, Any], source: str, overridden: set[str] | None = None) -> Config:

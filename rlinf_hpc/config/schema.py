@@ -92,6 +92,45 @@ class ComponentConfig(_Section):
         return self
 
 
+class ChannelConfig(_Section):
+    """[channels.NAME]: a data channel from producer components to consumer components."""
+
+    producers: list[str] = Field(
+        description='Components whose ranks put items (or "coordinator" for rank 0).'
+    )
+    consumers: list[str] = Field(description="Components whose ranks get items.")
+    policy: str = Field(
+        "performance_aware",
+        description="Load balancing across consumers: weighted_round_robin, shortest_queue, "
+        "performance_aware, or an import path `package.module:Class` of a "
+        "rlinf_hpc.channel.LoadBalancePolicy subclass.",
+    )
+    capacity: int = Field(
+        64,
+        ge=1,
+        le=1_000_000,
+        description="Items a producer may have sent and not yet seen consumed before `put` waits "
+        "(or raises ChannelFull with block=False).",
+    )
+    consumer_weights: list[float] | None = Field(
+        None,
+        description="Shares for weighted_round_robin, one per consumer rank in placement order "
+        "(default: equal).",
+    )
+
+    @field_validator("producers", "consumers", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: object) -> object:
+        return [value] if isinstance(value, str) else value
+
+    @field_validator("consumer_weights")
+    @classmethod
+    def _positive_weights(cls, value: list[float] | None) -> list[float] | None:
+        if value is not None and (not value or any(w <= 0 for w in value)):
+            raise ValueError("consumer_weights must be a non-empty list of numbers > 0")
+        return value
+
+
 class FlowConfig(_Section):
     """[flow]: the macro flow run by the coordinator."""
 
@@ -115,6 +154,9 @@ class Config(_Section):
     components: dict[str, ComponentConfig] = Field(
         description="Component groups by name; each becomes a group of worker ranks."
     )
+    channels: dict[str, ChannelConfig] = Field(
+        default_factory=dict, description="Data channels between components, by name."
+    )
     flow: FlowConfig = Field(default_factory=FlowConfig, description="The macro flow.")
     hello: HelloConfig = Field(default_factory=HelloConfig, description="The built-in hello flow.")
 
@@ -130,6 +172,22 @@ class Config(_Section):
                     "digits, '_' or '-'"
                 )
         return value
+
+    @model_validator(mode="after")
+    def _check_channel_members(self) -> Config:
+        known = set(self.components) | {"coordinator"}
+        for name, channel in self.channels.items():
+            for role in ("producers", "consumers"):
+                members = getattr(channel, role)
+                unknown = [m for m in members if m not in known]
+                if unknown or not members:
+                    raise ValueError(
+                        f"channels.{name}.{role} names {unknown or 'nothing'}; use component names "
+                        f'({", ".join(self.components)}) or "coordinator"'
+                    )
+            if "coordinator" in channel.consumers:
+                raise ValueError(f"channels.{name}.consumers: the coordinator cannot consume")
+        return self
 
     @property
     def num_worker_ranks_needed(self) -> int:

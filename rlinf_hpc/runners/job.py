@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlinf_hpc.channel import attach_channels, resolve_policy
 from rlinf_hpc.cluster import JobEnvironment, build_topology, detect_environment, local_rank_info
 from rlinf_hpc.comm import ControlPlane, DataPlane, library_version
 from rlinf_hpc.config import Config, config_to_toml, load_config
@@ -69,6 +70,7 @@ def run_job(request: JobRequest) -> int:
     setup_logging(control.rank, "coord" if control.rank == 0 else "worker", config.job.log_level)
     infos = control.gather_to_coordinator(local_rank_info(control.rank, environment))
     comm = DataPlane()  # collective: every rank, same order
+    attach_channels(comm)  # channels follow every placement change from the first one on
     if control.rank != 0:
         return WorkerService(control, comm).serve()
     assert infos is not None
@@ -106,6 +108,8 @@ def _coordinate(
         flow = resolve_flow(config.flow.runner)
         for component in config.components.values():
             resolve_worker_class(component.worker)
+        for channel in config.channels.values():
+            resolve_policy(channel.policy)
         placement = coordinator.start()
         events.write("placement", groups=placement.groups)
         print_table(

@@ -20,7 +20,7 @@ from rlinf_hpc.errors import CommTimeoutError, UserError, WorkerError
 from rlinf_hpc.log import get_logger
 from rlinf_hpc.scheduler.futures import CallFuture, GroupFuture
 from rlinf_hpc.scheduler.group import ComponentGroup
-from rlinf_hpc.scheduler.placement import Placement, effective_device, plan_placement
+from rlinf_hpc.scheduler.placement import Placement, channel_specs, effective_device, plan_placement
 from rlinf_hpc.scheduler.protocol import Bye, Call, Join, Leave, Reply, SetDirectory, Shutdown
 
 log = get_logger("coordinator")
@@ -87,6 +87,7 @@ class Coordinator:
             nodes={s.rank: s.node_index for s in self.slots},
             world_size=len(self.slots),
             version=self._directory_version,
+            channels=channel_specs(self.config, groups),
         )
         if self.comm is not None:
             self.comm.set_directory(directory)

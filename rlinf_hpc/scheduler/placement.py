@@ -6,10 +6,11 @@ that says how many ranks/GPUs are missing and how to ask SLURM for them) out.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from rlinf_hpc.cluster import RankSlot, compress_cpus
-from rlinf_hpc.comm import COORDINATOR_RANK
+from rlinf_hpc.comm import COORDINATOR_RANK, ChannelSpec
 from rlinf_hpc.config import ComponentConfig, Config
 from rlinf_hpc.errors import UserError
 
@@ -110,6 +111,38 @@ def plan_placement(config: Config, slots: list[RankSlot]) -> Placement:
         taken.update(groups[name])
     ordered = {name: groups[name] for name in config.components}
     return Placement(ordered)
+
+
+def channel_specs(config: Config, groups: Mapping[str, list[int]]) -> dict[str, ChannelSpec]:
+    """The config's channels with component names turned into world ranks.
+
+    Raises `UserError` when ``consumer_weights`` does not give one share per consumer rank.
+    """
+    specs = {}
+    for name, channel in config.channels.items():
+
+        def ranks(members: list[str]) -> tuple[int, ...]:
+            found = {COORDINATOR_RANK} if "coordinator" in members else set()
+            for member in members:
+                found.update(groups.get(member, []))
+            return tuple(sorted(found))
+
+        consumers = ranks(channel.consumers)
+        weights = channel.consumer_weights
+        if weights is not None and len(weights) != len(consumers):
+            raise UserError(
+                f"channels.{name}.consumer_weights has {len(weights)} entries but the channel has "
+                f"{len(consumers)} consumer rank(s) {list(consumers)}; give one share per rank."
+            )
+        specs[name] = ChannelSpec(
+            name,
+            ranks(channel.producers),
+            consumers,
+            channel.policy,
+            channel.capacity,
+            None if weights is None else tuple(weights),
+        )
+    return specs
 
 
 def placement_rows(config: Config, placement: Placement, slots: list[RankSlot]) -> list[tuple[str, ...]]:

@@ -19,6 +19,7 @@ import random
 import socket
 from typing import Any
 
+from rlinf_hpc.channel import Channel, channel_for
 from rlinf_hpc.comm import DataPlane, GroupComm, live_group_comms
 from rlinf_hpc.log import get_logger
 
@@ -60,6 +61,10 @@ class Worker:
     def rank_seed(self) -> int:
         """A seed distinct per world rank and stable across runs of the same config."""
         return random.Random(f"{self.seed}:{self.rank}").getrandbits(31)
+
+    def channel(self, name: str) -> Channel:
+        """This rank's handle on the channel ``name`` declared under ``[channels.NAME]``."""
+        return channel_for(self.comm, name)
 
     # -- hooks -------------------------------------------------------------------------------
     def setup(self, **options: Any) -> None:
