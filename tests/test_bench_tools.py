@@ -34,3 +34,23 @@ def test_bench_comm_writes_every_ratio(tmp_path: Path) -> None:
     assert all(value > 0 for value in data["ratios"].values())
     assert data["raw"]["tensor64mb_mpi_buffers_GBps"] > 0
     assert "ratios (ours / baseline)" in result.stdout
+
+
+def test_bench_channel_writes_every_ratio(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    result = run_command(
+        [str(BIN / "python"), str(REPO / "tools" / "bench_channel.py"), "--items", "120", "--json", str(out)],
+        timeout=240,
+    )
+    assert result.returncode in (0, 1), result.output  # 1 = a bound missed on a busy box
+    data = json.loads(out.read_text())
+    assert set(data["ratios"]) == {
+        "item16mb_vs_p2p",
+        "small_items_per_s",
+        "imbalance_round_robin",
+        "imbalance_shortest_queue",
+        "imbalance_perf_aware",
+    }
+    # round-robin ignores the 1x/1x/2x/4x costs, so its imbalance is large whatever the noise
+    assert data["ratios"]["imbalance_round_robin"] > 0.8
+    assert data["ratios"]["small_items_per_s"] > 0

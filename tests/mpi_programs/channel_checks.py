@@ -33,6 +33,7 @@ class Broken(LoadBalancePolicy):
 def make_plane(size: int, **specs: dict) -> DataPlane:
     consumers = tuple(range(1, size))
     channels = {name: ChannelSpec(name, (0,), consumers, **spec) for name, spec in specs.items()}
+    channels["local"] = ChannelSpec("local", (0,), (0,))
     directory = Directory(groups={"consumer": list(consumers)}, world_size=size, channels=channels)
     return DataPlane(directory, options=CommOptions())
 
@@ -114,6 +115,49 @@ def check_backpressure(plane: DataPlane, size: int) -> None:
         drain(channel)
 
 
+def check_local_and_async(plane: DataPlane, size: int) -> None:
+    if plane.rank == 0:  # producer and consumer of "local": the object is handed over, no copy
+        local = Channel(plane, "local")
+        item = {"t": torch.ones(3)}
+        local.put(item)
+        assert local.get(timeout=5) is item
+        local.close()
+        try:
+            local.get(timeout=5)
+        except EndOfStream:
+            pass
+        else:
+            raise AssertionError("no end of stream on the local channel")
+    channel = Channel(plane, "async")
+    if plane.rank == 0:
+        world().Barrier()
+        for i in range(3):
+            channel.put(i, key="only")  # one key: all to one consumer
+        channel.close()
+    else:
+        handles = [channel.get_async() for _ in range(2)]
+        world().Barrier()
+        owner = None
+        try:
+            first = handles[0].wait(30)
+            owner = True
+        except EndOfStream:
+            owner = False
+        if owner:
+            assert first == [0] and handles[1].wait(30) == [1]
+            assert channel.get_async().wait(30) == [2]
+        try:
+            channel.get_async().wait(30)
+        except EndOfStream:
+            pass
+        else:
+            raise AssertionError("get_async after the end returned an item")
+        owners = world().allgather(owner)
+        assert sum(bool(o) for o in owners[1:]) == 1
+        return
+    world().allgather(None)
+
+
 def check_bad_input(plane: DataPlane, size: int) -> None:
     channel = Channel(plane, "bad")
     if plane.rank == 0:
@@ -182,6 +226,7 @@ def main() -> int:
     specs |= {
         "batches": {},
         "small": {"capacity": 4},
+        "async": {},
         "bad": {},
         "never": {},
         "broken": {"policy": "channel_checks:Broken"},
@@ -191,6 +236,7 @@ def main() -> int:
         ("every_item_once_in_order", lambda: check_every_item_once_in_order(plane, size)),
         ("weights_and_batches", lambda: check_weights_and_batches(plane, size)),
         ("backpressure", lambda: check_backpressure(plane, size)),
+        ("local_and_async", lambda: check_local_and_async(plane, size)),
         ("bad_input", lambda: check_bad_input(plane, size)),
     ]
     only = set(filter(None, os.environ.get("CHANNEL_CHECKS", "").split(",")))

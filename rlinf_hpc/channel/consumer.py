@@ -1,0 +1,239 @@
+"""The consumer half of a channel: receiving, taking, acknowledging, async gets, device moves."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from rlinf_hpc.channel.protocol import ACK_FLUSH_S, END, FORWARDED, move_tensors
+from rlinf_hpc.comm import Backoff, ChannelSpec, DataPlane, WorkHandle
+from rlinf_hpc.errors import CommTimeoutError
+
+
+class EndOfStream(Exception):
+    """Every producer closed the channel and this consumer has taken every item."""
+
+
+@dataclass
+class _Received:
+    item_id: int
+    producer: int  # where the acknowledgement goes (the item's origin, also when forwarded)
+    key: Any
+    weight: float
+    value: Any
+
+
+class ConsumerSide:
+    """Consumer methods of `Channel` (state is set up in `Channel.__init__`)."""
+
+    plane: DataPlane
+    name: str
+    _spec: ChannelSpec
+    _item_tag: tuple[str, str, str]
+    _ack_tag: tuple[str, str, str]
+
+    _queue: deque[_Received]
+    _ended: set[tuple[int, int]]
+    _forwarders: set[int]
+    _pending_gets: deque[tuple[list[Any], int | None, float | None, Any]]
+    _acks: dict[int, list[int]]
+    _last_ack_flush: float
+    _busy_since: float | None
+    _pending_weight: float
+    _rate: float | None
+    _served_items: int
+    _served_weight: float
+    _get_wait_s: float
+
+    # -- consumer ----------------------------------------------------------------------------
+    def get(self, key: Any = None, timeout: float | None = None) -> Any:
+        """The next item (with ``key``, if given); raises `EndOfStream` once all producers
+        closed and nothing is left."""
+        return self.get_batch(max_items=1, key=key, timeout=timeout)[0]
+
+    def get_batch(
+        self,
+        max_items: int | None = None,
+        target_weight: float | None = None,
+        key: Any = None,
+        timeout: float | None = None,
+    ) -> list[Any]:
+        """At least one item, then as many as are here up to ``max_items`` items or until
+        their weights reach ``target_weight``."""
+        self._check_consumer()
+        if max_items is None and target_weight is None:
+            max_items = 1
+        self._end_busy()
+        taken = self._take(max_items, target_weight, key)
+        if not taken:
+            taken = [self._wait_for_item(key, timeout)]
+            taken += self._take(
+                None if max_items is None else max_items - 1,
+                None if target_weight is None else target_weight - taken[0].weight,
+                key,
+            )
+        self._acknowledge(taken)
+        self._busy_since = time.monotonic()
+        self._pending_weight = sum(r.weight for r in taken)
+        return [r.value for r in taken]
+
+    def get_async(
+        self, max_items: int = 1, target_weight: float | None = None, key: Any = None
+    ) -> WorkHandle:
+        """Start a get; ``wait()`` returns the list of items (raises `EndOfStream` at the end).
+        Handles are served in the order they were made."""
+        self._check_consumer()
+        slot: list[Any] = []
+        self._pending_gets.append((slot, max_items, target_weight, key))
+
+        def test() -> bool:
+            if not slot:
+                self._serve_pending_gets()
+            return bool(slot)
+
+        def result() -> Any:
+            if isinstance(slot[0], EndOfStream):
+                raise slot[0]
+            return slot[0]
+
+        return WorkHandle(
+            test,
+            result,
+            lambda: (
+                f"{self.plane.directory.name_of(self.plane.rank)} waited for an item of channel "
+                f"'{self.name}' from producers {list(self._spec.producers)}"
+            ),
+            self.plane.flush,
+        )
+
+    def _serve_pending_gets(self) -> None:
+        """Fill posted `get_async` handles in the order they were made, as far as possible."""
+        while self._pending_gets:
+            slot, max_items, target_weight, key = self._pending_gets[0]
+            taken = self._take(max_items, target_weight, key)
+            if taken:
+                self._acknowledge(taken)
+                slot.append([r.value for r in taken])
+            elif self._finished():
+                slot.append(EndOfStream(f"channel '{self.name}' is closed by every producer"))
+            else:
+                self._flush_acks(force=True)
+                return
+            self._pending_gets.popleft()
+
+    def prefetch(self, count: int) -> int:
+        """Move the next ``count`` queued items onto this rank's device now, so that `get`
+        returns them ready to use. Returns how many items were moved."""
+        self._receive_available()
+        moved = 0
+        for received in list(self._queue)[:count]:
+            received.value = move_tensors(received.value, self.plane.device)
+            moved += 1
+        return moved
+
+    def offload(self) -> int:
+        """Move every queued item to host memory (device memory pressure). Returns the count."""
+        for received in self._queue:
+            received.value = move_tensors(received.value, "cpu")
+        return len(self._queue)
+
+    def _check_consumer(self) -> None:
+        if not self.is_consumer:
+            raise ValueError(
+                f"{self.plane.directory.name_of(self.plane.rank)} is not a consumer of channel "
+                f"'{self.name}' (consumers: ranks {list(self._spec.consumers)})"
+            )
+
+    def _end_busy(self) -> None:
+        """The time since the last get returned was spent processing: update the rate."""
+        if self._busy_since is None:
+            return
+        busy = time.monotonic() - self._busy_since
+        self._busy_since = None
+        if busy > 0 and self._pending_weight > 0:
+            rate = self._pending_weight / busy
+            self._rate = rate if self._rate is None else 0.7 * self._rate + 0.3 * rate
+
+    def _receive_available(self, sources: set[int] | None = None) -> bool:
+        got = False
+        for source in sorted(sources or set(self._spec.producers) | self._forwarders):
+            while True:
+                found, message = self.plane.try_recv(source, self._item_tag)
+                if not found:
+                    break
+                got = True
+                item_id, key, weight, value, origin = message
+                if item_id >= 0:
+                    self._queue.append(_Received(item_id, origin, key, weight, value))
+                else:
+                    self._ended.add((source, item_id))
+        return got
+
+    def _finished(self) -> bool:
+        """Every producer closed and every former consumer forwarded what it held."""
+        return all((p, END) in self._ended for p in self._spec.producers) and all(
+            (f, FORWARDED) in self._ended for f in self._forwarders
+        )
+
+    def _take(self, max_items: int | None, target_weight: float | None, key: Any) -> list[_Received]:
+        self._receive_available()
+        taken: list[_Received] = []
+        weight = 0.0
+        for received in list(self._queue):
+            if max_items is not None and len(taken) >= max_items:
+                break
+            if target_weight is not None and taken and weight >= target_weight:
+                break
+            if key is not None and received.key != key:
+                continue
+            self._queue.remove(received)
+            taken.append(received)
+            weight += received.weight
+        return taken
+
+    def _wait_for_item(self, key: Any, timeout: float | None) -> _Received:
+        start = time.monotonic()
+        self._flush_acks(force=True)
+        self.plane.flush()
+        backoff = Backoff(spin=1e-3)
+        try:
+            while True:
+                taken = self._take(1, None, key)
+                if taken:
+                    return taken[0]
+                if self._finished():
+                    raise EndOfStream(
+                        f"channel '{self.name}' is closed by every producer and has no "
+                        f"{'more items' if key is None else f'items with key {key!r}'}"
+                    )
+                if timeout is not None and time.monotonic() - start > timeout:
+                    raise CommTimeoutError(
+                        f"{self.plane.directory.name_of(self.plane.rank)} waited {timeout:.1f} s "
+                        f"for an item of channel '{self.name}' from producers "
+                        f"{list(self._spec.producers)}"
+                    )
+                backoff.sleep()
+        finally:
+            self._get_wait_s += time.monotonic() - start
+
+    def _acknowledge(self, taken: list[_Received]) -> None:
+        for received in taken:
+            self._served_items += 1
+            self._served_weight += received.weight
+            self._acks.setdefault(received.producer, []).append(received.item_id)
+        self._flush_acks(force=False)
+
+    def _flush_acks(self, force: bool) -> None:
+        now = time.monotonic()
+        if not self._acks or (not force and now - self._last_ack_flush < ACK_FLUSH_S):
+            return
+        for producer, item_ids in self._acks.items():
+            if producer == self.plane.rank:
+                self._apply_ack(producer, (item_ids, self._rate))
+                continue
+            self.plane.isend((item_ids, self._rate), producer, self._ack_tag)
+        self._acks = {}
+        self._last_ack_flush = now
+        self.plane.flush()
