@@ -139,6 +139,18 @@ class ConsumerSide:
             received.value = move_tensors(received.value, "cpu")
         return len(self._queue)
 
+    def _offload_under_pressure(self) -> None:
+        """Move queued items to host memory once the device is fuller than ``offload_above``."""
+        limit = self._spec.offload_above
+        if limit is None or not self.plane.device.startswith("cuda") or not self._queue:
+            return
+        import torch
+
+        device = torch.device(self.plane.device)
+        total = torch.cuda.get_device_properties(device).total_memory
+        if torch.cuda.memory_allocated(device) > limit * total:
+            self.offload()
+
     def _check_consumer(self) -> None:
         if not self.is_consumer:
             raise ValueError(
@@ -167,6 +179,7 @@ class ConsumerSide:
                 item_id, key, weight, value, origin = message
                 if item_id >= 0:
                     self._queue.append(_Received(item_id, origin, key, weight, value))
+                    self._offload_under_pressure()
                 else:
                     self._ended.add((source, item_id))
         return got

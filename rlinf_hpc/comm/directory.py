@@ -23,6 +23,8 @@ class ChannelSpec:
     policy: str = "performance_aware"
     capacity: int = 64
     consumer_weights: tuple[float, ...] | None = None
+    #: Consumers move queued items to host memory when device memory use passes this fraction.
+    offload_above: float | None = None
 
 
 @dataclass(frozen=True)

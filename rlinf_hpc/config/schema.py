@@ -118,6 +118,14 @@ class ChannelConfig(_Section):
         "(default: equal).",
     )
 
+    offload_above: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="On GPU consumers: when device memory in use passes this fraction of the "
+        "device, queued items move to host memory (`prefetch` brings them back). Default: never.",
+    )
+
     @field_validator("producers", "consumers", mode="before")
     @classmethod
     def _one_or_many(cls, value: object) -> object:
