@@ -181,9 +181,6 @@ class ChannelWorker(ProbeWorker):
         channel = self.channel("work")
         return [channel.get(timeout=60)["i"] for _ in range(count)]
 
-    def channel_stats(self) -> dict[str, Any]:
-        return self.channel("work").stats()
-
     def drain(self) -> list[int]:
         from rlinf_hpc.channel import EndOfStream
 
@@ -215,7 +212,7 @@ def channel_flow(coordinator: Coordinator) -> dict[str, Any]:
     second.result()
     consumed += [i for part in drained.result() for i in part]
     spare_index = coordinator.placement.ranks_of("spare").index(leaving)
-    handed_over = coordinator.group("spare").subset([spare_index]).call("channel_stats").result()[0]
+    handed_over = coordinator.group("spare").subset([spare_index]).call("channel_stats", "work").result()[0]
     result = {
         "count": len(consumed),
         "unique": len(set(consumed)),
@@ -223,7 +220,8 @@ def channel_flow(coordinator: Coordinator) -> dict[str, Any]:
         "max": max(consumed),
         "leaving": leaving,
         "forwarded": handed_over["forwarded_items"],
-        "producer": producer.call("channel_stats").result()[0],
+        "producer": producer.call("channel_stats", "work").result()[0],
     }
+    coordinator.record("channel_stats", **result["producer"])
     print("CHANNEL " + repr(result), flush=True)
     return result

@@ -238,9 +238,12 @@ def test_channel_items_survive_a_consumer_leaving(tmp_path: Path) -> None:
         'policy = "shortest_queue"\n'
         '[flow]\nrunner = "job_workers:channel_flow"\n'
     )
-    result = rlinf("run", str(path), timeout=180)
+    result = rlinf("run", str(path), "--run-dir", str(tmp_path / "run"), timeout=180)
     assert result.returncode == 0, result.output
     report = ast.literal_eval(_line(result.stdout, "CHANNEL "))
+    events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    recorded = [e for e in events if e["event"] == "channel_stats"]
+    assert recorded and recorded[0]["channel"] == "work" and recorded[0]["outstanding"] == 0
     # 300 items, each consumed exactly once, although a consumer left holding some of them
     assert (report["count"], report["unique"], report["min"], report["max"]) == (300, 300, 0, 299)
     assert report["forwarded"] > 0, report  # the leaving consumer really held items to hand over

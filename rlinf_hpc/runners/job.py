@@ -89,7 +89,7 @@ def _coordinate(
     run_dir = Path(request.run_dir) if request.run_dir else None
     events = EventLog(run_dir / "events.jsonl" if run_dir else None, rank=0)
     slots = build_topology(infos)
-    coordinator = Coordinator(config, control, slots, comm)
+    coordinator = Coordinator(config, control, slots, comm, recorder=events.write)
     log.info(
         "job '%s': %d ranks on %d node(s), %s; %s",
         config.job.name,

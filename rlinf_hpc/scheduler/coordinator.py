@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from rlinf_hpc.cluster import RankSlot
@@ -33,7 +33,12 @@ class Coordinator:
     """
 
     def __init__(
-        self, config: Config, control: ControlPlane, slots: list[RankSlot], comm: DataPlane | None = None
+        self,
+        config: Config,
+        control: ControlPlane,
+        slots: list[RankSlot],
+        comm: DataPlane | None = None,
+        recorder: Callable[..., None] | None = None,
     ) -> None:
         if control.rank != COORDINATOR_RANK:
             raise RuntimeError("the Coordinator runs on world rank 0 only")
@@ -41,6 +46,7 @@ class Coordinator:
         self.control = control
         #: The coordinator's own data plane: it can send to and receive from any worker.
         self.comm = comm
+        self._recorder = recorder
         self.slots = slots
         self._slot_of = {s.rank: s for s in slots}
         self._placement: Placement | None = None
@@ -97,6 +103,11 @@ class Coordinator:
             self.control.send_command(rank, SetDirectory(future.call_id, directory))
             futures.append(future)
         self._wait_all(futures)
+
+    def record(self, event: str, **fields: Any) -> None:
+        """Append an event (metrics, channel stats, ...) to the run's ``events.jsonl``."""
+        if self._recorder is not None:
+            self._recorder(event, **fields)
 
     def group(self, name: str) -> ComponentGroup:
         """Handle on a component group by name."""

@@ -94,6 +94,10 @@ class Worker:
             "device": self.device,
         }
 
+    def channel_stats(self, name: str) -> dict[str, Any]:
+        """`Channel.stats` of channel ``name`` on this rank (for the flow to record)."""
+        return self.channel(name).stats()
+
     def group_check(self) -> dict[str, Any]:
         """Exercise the group communicator: all-reduce and all-gather of world ranks.
 
