@@ -6,6 +6,7 @@ import os
 import time
 from typing import Any
 
+from rlinf_hpc.errors import UserError
 from rlinf_hpc.scheduler import Coordinator
 from rlinf_hpc.workers import Worker
 
@@ -169,8 +170,8 @@ def peer_flow(coordinator: Coordinator) -> dict[str, Any]:
 class ChannelWorker(ProbeWorker):
     """Produces numbered items into channel 'work', or consumes them."""
 
-    def produce(self, start: int, stop: int, close: bool = False) -> int:
-        channel = self.channel("work")
+    def produce(self, start: int, stop: int, close: bool = False, name: str = "work") -> int:
+        channel = self.channel(name)
         for i in range(start, stop):
             channel.put({"i": i}, weight=1 + i % 3)
         if close:
@@ -181,16 +182,37 @@ class ChannelWorker(ProbeWorker):
         channel = self.channel("work")
         return [channel.get(timeout=60)["i"] for _ in range(count)]
 
-    def drain(self) -> list[int]:
+    def drain(self, name: str = "work") -> list[int]:
         from rlinf_hpc.channel import EndOfStream
 
-        channel = self.channel("work")
+        channel = self.channel(name)
         taken = []
         while True:
             try:
                 taken.append(channel.get(timeout=60)["i"])
             except EndOfStream:
                 return taken
+
+
+def late_channel_flow(coordinator: Coordinator) -> dict[str, Any]:
+    """A channel declared by the flow while the job runs; bad declarations are refused."""
+    errors = []
+    for bad in (
+        {"producers": "nobody", "consumers": "consumer"},
+        {"producers": "producer", "consumers": "consumer", "capacity": 0},
+    ):
+        try:
+            coordinator.create_channel("bad", **bad)
+        except UserError as exc:
+            errors.append(str(exc))
+    coordinator.create_channel("late", "producer", "consumer", policy="shortest_queue")
+    producer, consumer = coordinator.group("producer"), coordinator.group("consumer")
+    drained = consumer.call("drain", "late")
+    producer.call("produce", 0, 40, True, "late").result()
+    taken = sorted(i for part in drained.result() for i in part)
+    result = {"taken": taken, "errors": errors}
+    print("LATE " + repr(result), flush=True)
+    return result
 
 
 def channel_flow(coordinator: Coordinator) -> dict[str, Any]:

@@ -96,7 +96,7 @@ def test_channel_specs_resolve_ranks_and_check_weights() -> None:
             },
         }
     )
-    spec = channel_specs(config, {"rollout": [1, 2], "actor": [3]})["x"]
+    spec = channel_specs(config.channels, {"rollout": [1, 2], "actor": [3]})["x"]
     assert (spec.producers, spec.consumers, spec.consumer_weights) == ((0, 3), (1, 2), (1.0, 2.0))
     with pytest.raises(UserError, match="consumer_weights has 2 entries but the channel has 3"):
-        channel_specs(config, {"rollout": [1, 2, 4], "actor": [3]})
+        channel_specs(config.channels, {"rollout": [1, 2, 4], "actor": [3]})

@@ -248,3 +248,19 @@ def test_channel_items_survive_a_consumer_leaving(tmp_path: Path) -> None:
     assert (report["count"], report["unique"], report["min"], report["max"]) == (300, 300, 0, 299)
     assert report["forwarded"] > 0, report  # the leaving consumer really held items to hand over
     assert report["producer"]["outstanding"] == 0  # every item acknowledged to its producer
+
+
+def test_flow_declares_a_channel_at_run_time(tmp_path: Path) -> None:
+    path = tmp_path / "late.toml"
+    path.write_text(
+        '[job]\nname = "late"\nnum_ranks = 4\ncall_timeout_s = 120\n'
+        '[components.producer]\nworker = "job_workers:ChannelWorker"\n'
+        '[components.consumer]\nworker = "job_workers:ChannelWorker"\nnum_ranks = 2\n'
+        '[flow]\nrunner = "job_workers:late_channel_flow"\n'
+    )
+    result = rlinf("run", str(path), timeout=120)
+    assert result.returncode == 0, result.output
+    report = ast.literal_eval(_line(result.stdout, "LATE "))
+    assert report["taken"] == list(range(40))
+    assert len(report["errors"]) == 2 and "names ['nobody']" in report["errors"][0]
+    assert "`channels.bad.capacity`" in report["errors"][1]

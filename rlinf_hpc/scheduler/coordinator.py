@@ -15,7 +15,7 @@ from typing import Any
 
 from rlinf_hpc.cluster import RankSlot
 from rlinf_hpc.comm import COORDINATOR_RANK, Backoff, ControlPlane, DataPlane, Directory, abort, poll_until
-from rlinf_hpc.config import Config
+from rlinf_hpc.config import Config, config_from_dict
 from rlinf_hpc.errors import CommTimeoutError, UserError, WorkerError
 from rlinf_hpc.log import get_logger
 from rlinf_hpc.scheduler.futures import CallFuture, GroupFuture
@@ -47,6 +47,7 @@ class Coordinator:
         #: The coordinator's own data plane: it can send to and receive from any worker.
         self.comm = comm
         self._recorder = recorder
+        self._channels = dict(config.channels)
         self.slots = slots
         self._slot_of = {s.rank: s for s in slots}
         self._placement: Placement | None = None
@@ -93,7 +94,7 @@ class Coordinator:
             nodes={s.rank: s.node_index for s in self.slots},
             world_size=len(self.slots),
             version=self._directory_version,
-            channels=channel_specs(self.config, groups),
+            channels=channel_specs(self._channels, groups),
         )
         if self.comm is not None:
             self.comm.set_directory(directory)
@@ -103,6 +104,23 @@ class Coordinator:
             self.control.send_command(rank, SetDirectory(future.call_id, directory))
             futures.append(future)
         self._wait_all(futures)
+
+    def create_channel(
+        self, name: str, producers: list[str] | str, consumers: list[str] | str, **options: Any
+    ) -> None:
+        """Declare a channel while the job runs (as if it were under ``[channels.NAME]``);
+        every rank learns it before this returns. ``options``: policy, capacity, ...
+        A bad declaration raises `UserError` saying which key is wrong."""
+        if name in self._channels:
+            raise ValueError(f"channel '{name}' exists already")
+        spec = {"producers": producers, "consumers": consumers, **options}
+        declared = {k: v.model_dump() for k, v in self._channels.items()}
+        checked = config_from_dict(
+            {**self.config.model_dump(), "channels": {**declared, name: spec}},
+            f"create_channel('{name}')",
+        )
+        self._channels = dict(checked.channels)
+        self._publish_directory(self.placement.groups)
 
     def record(self, event: str, **fields: Any) -> None:
         """Append an event (metrics, channel stats, ...) to the run's ``events.jsonl``."""

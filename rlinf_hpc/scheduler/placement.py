@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from rlinf_hpc.cluster import RankSlot, compress_cpus
 from rlinf_hpc.comm import COORDINATOR_RANK, ChannelSpec
-from rlinf_hpc.config import ComponentConfig, Config
+from rlinf_hpc.config import ChannelConfig, ComponentConfig, Config
 from rlinf_hpc.errors import UserError
 
 
@@ -113,13 +113,15 @@ def plan_placement(config: Config, slots: list[RankSlot]) -> Placement:
     return Placement(ordered)
 
 
-def channel_specs(config: Config, groups: Mapping[str, list[int]]) -> dict[str, ChannelSpec]:
-    """The config's channels with component names turned into world ranks.
+def channel_specs(
+    channels: Mapping[str, ChannelConfig], groups: Mapping[str, list[int]]
+) -> dict[str, ChannelSpec]:
+    """Channels with component names turned into world ranks.
 
     Raises `UserError` when ``consumer_weights`` does not give one share per consumer rank.
     """
     specs = {}
-    for name, channel in config.channels.items():
+    for name, channel in channels.items():
 
         def ranks(members: list[str]) -> tuple[int, ...]:
             found = {COORDINATOR_RANK} if "coordinator" in members else set()
