@@ -34,6 +34,9 @@ from rlinf_hpc.comm.routing import HOST, LINK_MIN_BYTES, choose_route
 
 _ENVELOPE_TAG = 21
 _PAYLOAD_TAG = 22
+#: A receive whose landing payload is at least this large waits inside MPI (see
+#: `Inbox.finish_landing`); smaller ones poll.
+_BLOCKING_WAIT_BYTES = 1 << 20
 
 
 @dataclass
@@ -204,6 +207,14 @@ class DataPlane:
             keep.clear()
             return True
 
+        def finish() -> bool:
+            """Once the receiver has the envelope (synchronous mode), its payload receives are
+            posted: wait for the bytes inside MPI, which keeps large transfers pipelined."""
+            if len(requests) < 2 or nbytes < _BLOCKING_WAIT_BYTES or not requests[0].Test():
+                return False
+            mpi().Request.Waitall(requests)
+            return True
+
         return WorkHandle(
             test,
             lambda: None,
@@ -213,6 +224,7 @@ class DataPlane:
             ),
             self.flush,
             active_bytes=nbytes,
+            finish=finish,
         )
 
     def _routes(self, rank: int, leaves: list[Leaf]) -> list[str]:
@@ -248,7 +260,9 @@ class DataPlane:
             if setup is not None:
                 setups.append(setup)
         envelope = wire.encode(("S", tag, description, False, chunk, routes, setups))
-        requests = [self._comm.Isend([envelope, mpi().BYTE], rank, _ENVELOPE_TAG)]
+        # Synchronous mode: the envelope's request completes once the receiver has taken it in,
+        # which is when it posts its payload receives; the send handle then waits inside MPI.
+        requests = [self._comm.Issend([envelope, mpi().BYTE], rank, _ENVELOPE_TAG)]
         keep: list[Any] = [envelope]
         self._count(envelopes=1, nbytes=len(envelope))
         for backend, link in links.items():
@@ -371,11 +385,19 @@ class DataPlane:
             assert waiter.item is not None
             return self._inbox.finish(waiter.item, rank, target, out_leaves)
 
+        def finish() -> bool:
+            """The payload is landing (the sender posted it with the envelope): wait in MPI."""
+            if waiter.item is not None or self._inbox.bytes_landing(rank, tag) < _BLOCKING_WAIT_BYTES:
+                return False
+            self._inbox.finish_landing(rank, tag)
+            return True
+
         handle = WorkHandle(
             test,
             result,
             lambda: f"{self._name(self.rank)} waited for {self._name(rank)} to send (tag {tag!r})",
             self.flush,
+            finish=finish,
         )
         return handle
 

@@ -22,6 +22,9 @@ class WorkHandle:
     """An operation in flight. ``done()`` tests without blocking; ``wait`` blocks and returns
     the result — the received object for receives, None for sends.
 
+    ``finish`` (optional) is tried before each sleep in `wait` (never in `done`): it may block
+    inside MPI when the operation's bytes are known to be moving, and returns True if it did.
+
     Waiting yields the core while a transfer is plausibly moving (`mark_active`: a few ms plus
     the time the bytes need at 1 GB/s), because MPI moves large shared-memory messages only
     while both sides poll; after that it backs off to sleeping so idle waits cost no CPU.
@@ -34,12 +37,14 @@ class WorkHandle:
         describe: Callable[[], str],
         before_wait: Callable[[], None] | None = None,
         active_bytes: int = 0,
+        finish: Callable[[], bool] | None = None,
     ) -> None:
         self._test = test
         self._result = result
         self._describe = describe
         self._before_wait = before_wait
         self._value: Any = _NOTHING
+        self._finish = finish
         self._spin = TRANSFER_SPIN_S
         self._activated = False
         if active_bytes:
@@ -68,6 +73,8 @@ class WorkHandle:
         start = time.monotonic()
         backoff = Backoff(spin=self._spin)
         while not self.done():
+            if self._finish is not None and self._finish():
+                continue  # it waited inside MPI for bytes that were moving; test again
             if self._activated:  # the transfer started since the last poll: spin anew
                 self._activated = False
                 backoff.spin = self._spin

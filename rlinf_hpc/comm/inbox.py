@@ -313,6 +313,17 @@ class Inbox:
             return 0
         return stash[0].nbytes
 
+    def finish_landing(self, rank: int, tag: Any) -> None:
+        """Block (in MPI, GIL released) until the oldest message from (rank, tag) has landed.
+
+        Only called once its payload receives are posted: the sender posted its sends together
+        with the envelope, so the bytes are moving, and MPI's own wait loop keeps a large
+        shared-memory transfer pipelined far better than polling from Python can.
+        """
+        stash = self._stash.get((rank, tag))
+        if stash and stash[0].requests:
+            mpi().Request.Waitall(stash[0].requests)
+
     def counts(self) -> dict[str, int]:
         return {
             "stashed": sum(len(s) for s in self._stash.values()),
