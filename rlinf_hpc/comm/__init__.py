@@ -5,11 +5,12 @@ Only this package touches MPI (and, later, NCCL/torch.distributed) handles direc
 
 from rlinf_hpc.comm.collectives import CollectiveMismatchError
 from rlinf_hpc.comm.control import COORDINATOR_RANK, ControlPlane
-from rlinf_hpc.comm.dataplane import CommOptions, DataPlane
+from rlinf_hpc.comm.dataplane import DataPlane
 from rlinf_hpc.comm.directory import Address, ChannelSpec, Directory
 from rlinf_hpc.comm.groups import GroupComm, create_group_comm, live_group_comms
 from rlinf_hpc.comm.handles import WorkHandle, wait_all
 from rlinf_hpc.comm.mpi import abort, library_version, world_rank, world_size
+from rlinf_hpc.comm.sending import CommOptions
 from rlinf_hpc.comm.waiting import Backoff, poll_until
 
 __all__ = [

@@ -18,8 +18,7 @@ One DataPlane per rank, used from the rank's main thread.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 from rlinf_hpc.comm import wire
@@ -30,69 +29,14 @@ from rlinf_hpc.comm.inbox import Inbox
 from rlinf_hpc.comm.links import Link, Links
 from rlinf_hpc.comm.mpi import mpi, world
 from rlinf_hpc.comm.packing import Leaf, pack
-from rlinf_hpc.comm.routing import HOST, LINK_MIN_BYTES, choose_route
+from rlinf_hpc.comm.routing import HOST, choose_route
+from rlinf_hpc.comm.sending import Batch, CommOptions, size_text, staged_chunks
 
 _ENVELOPE_TAG = 21
 _PAYLOAD_TAG = 22
 #: A receive whose landing payload is at least this large waits inside MPI (see
 #: `Inbox.finish_landing`); smaller ones poll.
 _BLOCKING_WAIT_BYTES = 1 << 20
-
-
-@dataclass
-class CommOptions:
-    """Tunables of the data plane (bytes)."""
-
-    coalesce_below: int = 1 << 20
-    batch_bytes: int = 1 << 20
-    batch_count: int = 4096
-    inline_below: int = 64 << 10
-    chunk_bytes: int = 64 << 20
-    #: CPU<->CPU route for large leaves: "host" (MPI) or "gloo" (torch.distributed links).
-    cpu_link: str = "host"
-    #: Leaves smaller than this always take the MPI host path.
-    link_min_bytes: int = LINK_MIN_BYTES
-    #: How long a new NCCL/gloo link may take to set up before the pair falls back to host.
-    link_timeout_s: float = 120.0
-
-
-def _staged_chunks(leaf: Leaf, chunk: int) -> Iterator[memoryview]:
-    """The leaf's bytes in pieces of at most ``chunk``. Host leaves are sliced (no copy beyond
-    a contiguous copy of a strided tensor); device tensors are copied to host piece by piece,
-    so that copying the next piece overlaps sending the previous one."""
-    if leaf.kind != "T" or leaf.device == "cpu":
-        data = leaf.host_bytes()
-        for start in range(0, len(data), chunk):
-            yield data[start : start + chunk]
-        return
-    flat = leaf.value.detach().contiguous().reshape(-1)
-    import torch
-
-    raw = flat.view(torch.uint8) if flat.numel() else flat
-    for start in range(0, leaf.nbytes, chunk):
-        yield memoryview(raw[start : start + chunk].cpu().numpy())
-
-
-def _size_text(nbytes: int) -> str:
-    return f"{nbytes / 2**20:.1f} MB" if nbytes >= 2**20 else f"{nbytes} B"
-
-
-class _Batch:
-    """Small messages waiting to leave for one destination as a single MPI message."""
-
-    def __init__(self) -> None:
-        self.headers: list[tuple[Any, Any]] = []
-        self.payloads: list[bytes] = []
-        self.nbytes = 0
-        self.request: Any = None
-        self.envelope: bytearray | None = None
-        self.handle: WorkHandle | None = None
-
-    def sent(self) -> bool:
-        return self.request is not None
-
-    def complete(self) -> bool:
-        return self.request is not None and bool(self.request.Test())
 
 
 class DataPlane:
@@ -112,7 +56,7 @@ class DataPlane:
         self.directory = directory or Directory(world_size=self.size)
         self.device = device
         self.options = options or CommOptions()
-        self._batches: dict[int, _Batch] = {}
+        self._batches: dict[int, Batch] = {}
         self._inflight: list[WorkHandle] = []
         self._directory_listeners: list[Callable[[Directory, Directory], None]] = []
         self.links = Links(self.rank, self.options.link_timeout_s)
@@ -220,7 +164,7 @@ class DataPlane:
             lambda: None,
             lambda: (
                 f"{self._name(self.rank)} waited for {self._name(rank)} to receive a send "
-                f"(tag {tag!r}, {_size_text(nbytes)})"
+                f"(tag {tag!r}, {size_text(nbytes)})"
             ),
             self.flush,
             active_bytes=nbytes,
@@ -275,7 +219,7 @@ class DataPlane:
                 keep.append(tensor)
                 works.append(links[route].send(tensor))
                 continue
-            for piece in _staged_chunks(leaf, chunk):
+            for piece in staged_chunks(leaf, chunk):
                 keep.append(piece)
                 requests.append(self._comm.Isend([piece, mpi().BYTE], rank, _PAYLOAD_TAG))
                 self._count(payloads=1, nbytes=len(piece))
@@ -287,7 +231,7 @@ class DataPlane:
     ) -> WorkHandle:
         batch = self._batches.get(rank)
         if batch is None:
-            batch = self._batches[rank] = _Batch()
+            batch = self._batches[rank] = Batch()
             batch.handle = WorkHandle(  # one handle for every message of the batch
                 batch.complete,
                 lambda: None,

@@ -109,6 +109,7 @@ def check_backpressure(plane: DataPlane, size: int) -> None:
     if plane.rank == 0:
         for i in range(4):
             channel.put(i, block=False)
+        assert channel.qsize() == 4  # sent, not yet acknowledged
         try:
             channel.put(99, block=False)
         except ChannelFull as exc:
