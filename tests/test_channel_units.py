@@ -59,7 +59,7 @@ def test_invalid_policy_answers_are_caught() -> None:
     ("name", "message"),
     [
         ("nope", "neither built in"),
-        ("no_module_here:Policy", "cannot import 'no_module_here'"),
+        ("no_module_here:Policy", "cannot import module 'no_module_here'"),
         ("rlinf_hpc.channel.policies:ItemInfo", "not a subclass"),
     ],
 )

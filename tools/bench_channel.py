@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -41,12 +40,9 @@ POLICIES = {
 
 def _relaunch_if_needed() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from rlinf_hpc.cluster import detect_environment
+    from rlinf_hpc.cli.launch import relaunch_script_if_needed
 
-    if detect_environment().needs_launch:
-        mpiexec = Path(sys.executable).parent / "mpiexec"
-        env = dict(os.environ, OMP_NUM_THREADS="1")
-        os.execve(str(mpiexec), [str(mpiexec), "-n", "5", sys.executable, *sys.argv], env)
+    relaunch_script_if_needed(5)
 
 
 def sleeping_barrier(comm: object) -> None:

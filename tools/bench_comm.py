@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import socket
 import statistics
@@ -34,12 +33,9 @@ REQUIRED = {  # ratio name -> (comparison, bound)
 
 def _relaunch_if_needed() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from rlinf_hpc.cluster import detect_environment
+    from rlinf_hpc.cli.launch import relaunch_script_if_needed
 
-    if detect_environment().needs_launch:
-        mpiexec = Path(sys.executable).parent / "mpiexec"
-        env = dict(os.environ, OMP_NUM_THREADS="1")
-        os.execve(str(mpiexec), [str(mpiexec), "-n", "2", sys.executable, *sys.argv], env)
+    relaunch_script_if_needed(2)
 
 
 class Bench:

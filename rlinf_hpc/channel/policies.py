@@ -12,11 +12,11 @@ is a `LoadBalancePolicy` subclass named by import path (``my_module:MyPolicy``).
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import Any
 
 from rlinf_hpc.errors import UserError
+from rlinf_hpc.imports import import_subclass
 
 
 @dataclass(frozen=True)
@@ -103,22 +103,12 @@ def resolve_policy(name: str) -> LoadBalancePolicy:
     """A fresh policy for a built-in name or ``package.module:Class``; `UserError` if neither."""
     if name in BUILTIN_POLICIES:
         return BUILTIN_POLICIES[name]()
-    module_name, sep, class_name = name.partition(":")
-    if not sep:
+    if ":" not in name:
         raise UserError(
             f"channel policy '{name}' is neither built in ({', '.join(sorted(BUILTIN_POLICIES))}) "
             "nor an import path 'package.module:Class'."
         )
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise UserError(f"channel policy '{name}': cannot import '{module_name}' ({exc}).") from None
-    cls = getattr(module, class_name, None)
-    if not (isinstance(cls, type) and issubclass(cls, LoadBalancePolicy)):
-        raise UserError(
-            f"channel policy '{name}': '{class_name}' in '{module_name}' is "
-            f"{'missing' if cls is None else 'not a subclass of rlinf_hpc.channel.LoadBalancePolicy'}."
-        )
+    cls = import_subclass(name, LoadBalancePolicy, "channel policy")
     return cls()
 
 

@@ -38,16 +38,33 @@ def find_mpiexec() -> str:
 
 def launch_ranks(num_ranks: int, environment: JobEnvironment, argv: list[str]) -> NoReturn:
     """Replace this process with ``mpiexec -n num_ranks python -m rlinf_hpc ARGV``."""
+    exec_under_mpiexec(num_ranks, ["-m", "rlinf_hpc", *argv], environment, "rlinf-hpc")
+
+
+def relaunch_script_if_needed(num_ranks: int) -> None:
+    """For scripts such as tools/bench_*.py: outside an MPI/SLURM step, re-run this script
+    (same arguments) as ``num_ranks`` ranks under the venv's mpiexec; inside one, return."""
+    from rlinf_hpc.cluster import detect_environment
+
+    environment = detect_environment()
+    if environment.needs_launch:
+        exec_under_mpiexec(num_ranks, list(sys.argv), environment, Path(sys.argv[0]).name)
+
+
+def exec_under_mpiexec(
+    num_ranks: int, python_args: list[str], environment: JobEnvironment, label: str
+) -> NoReturn:
+    """Replace this process with ``mpiexec -n num_ranks python PYTHON_ARGS``."""
     if os.environ.get(_LAUNCHED_MARK):
         raise UserError(
-            "rlinf-hpc started itself under mpiexec, but the ranks still see no MPI launcher "
+            f"{label} started itself under mpiexec, but the ranks still see no MPI launcher "
             "environment (no PMI_RANK/OMPI_* variables): the mpiexec found does not match the "
             "MPI library mpi4py uses. Reinstall with `pip install 'rlinf_hpc[mpich]'`."
         )
     mpiexec = find_mpiexec()
-    command = [mpiexec, "-n", str(num_ranks), sys.executable, "-m", "rlinf_hpc", *argv]
+    command = [mpiexec, "-n", str(num_ranks), sys.executable, *python_args]
     where = f" inside SLURM job {environment.slurm_job_id}" if environment.in_slurm_allocation else ""
-    sys.stderr.write(f"rlinf-hpc: starting {num_ranks} ranks with {mpiexec}{where}\n")
+    sys.stderr.write(f"{label}: starting {num_ranks} ranks with {mpiexec}{where}\n")
     sys.stderr.flush()
     os.environ[_LAUNCHED_MARK] = "1"
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # ranks share the node's cores

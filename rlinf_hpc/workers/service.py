@@ -7,12 +7,12 @@ itself survives it. SIGINT/SIGTERM or an internal error make the rank say `Bye` 
 
 from __future__ import annotations
 
-import importlib
 import traceback
 from typing import Any
 
 from rlinf_hpc.comm import Backoff, ControlPlane, DataPlane, create_group_comm
-from rlinf_hpc.errors import JobInterrupted, UserError
+from rlinf_hpc.errors import JobInterrupted
+from rlinf_hpc.imports import import_subclass
 from rlinf_hpc.log import get_logger, set_role
 from rlinf_hpc.scheduler.protocol import Bye, Call, Join, Leave, Reply, SetDirectory, Shutdown
 from rlinf_hpc.workers.base import Worker
@@ -22,21 +22,7 @@ log = get_logger("service")
 
 def resolve_worker_class(path: str) -> type[Worker]:
     """Import ``package.module:ClassName`` and check it is a `Worker` subclass."""
-    module_name, _, class_name = path.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise UserError(
-            f"worker '{path}': cannot import module '{module_name}' ({exc}). Check the "
-            "component's `worker` key and that the module is installed on every node."
-        ) from None
-    cls = getattr(module, class_name, None)
-    if not (isinstance(cls, type) and issubclass(cls, Worker)):
-        raise UserError(
-            f"worker '{path}': '{class_name}' in module '{module_name}' is "
-            f"{'missing' if cls is None else 'not a subclass of rlinf_hpc.workers.Worker'}."
-        )
-    return cls
+    return import_subclass(path, Worker, "worker", " Fix the component's `worker` key.")
 
 
 def _user_traceback(exc: BaseException) -> str:

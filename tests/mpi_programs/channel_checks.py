@@ -3,12 +3,11 @@ consume (run by tests/test_channel_mpi.py). Failures abort the job; nothing hang
 
 from __future__ import annotations
 
-import os
 import sys
 import time
-import traceback
 
 import torch
+from harness import run_checks
 
 from rlinf_hpc.channel import Channel, ChannelFull, EndOfStream, LoadBalancePolicy, resolve_policy
 from rlinf_hpc.comm import ChannelSpec, CommOptions, DataPlane, Directory
@@ -250,22 +249,7 @@ def main() -> int:
         ("local_and_async", lambda: check_local_and_async(plane, size)),
         ("bad_input", lambda: check_bad_input(plane, size)),
     ]
-    only = set(filter(None, os.environ.get("CHANNEL_CHECKS", "").split(",")))
-    for name, check in checks:
-        if only and name not in only:
-            continue
-        try:
-            check()
-            comm.Barrier()
-        except BaseException:  # noqa: BLE001
-            sys.stderr.write(f"rank {plane.rank}: check {name} FAILED\n{traceback.format_exc()}")
-            sys.stderr.flush()
-            comm.Abort(1)
-        if plane.rank == 0:
-            print(f"CHECK {name} ok", flush=True)
-    if plane.rank == 0:
-        print(f"ALL CHANNEL CHECKS OK on {size} ranks", flush=True)
-    return 0
+    return run_checks(checks, "ALL CHANNEL CHECKS OK", "CHANNEL_CHECKS")
 
 
 if __name__ == "__main__":

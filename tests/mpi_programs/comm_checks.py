@@ -10,11 +10,11 @@ import dataclasses
 import os
 import sys
 import time
-import traceback
 from collections import OrderedDict, namedtuple
 
 import numpy as np
 import torch
+from harness import run_checks
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -466,22 +466,7 @@ def main() -> int:
         ("hypothesis_ring", lambda: check_hypothesis_ring(plane, size)),
         ("links", lambda: check_links(size, peer)),
     ]
-    only = set(filter(None, os.environ.get("COMM_CHECKS", "").split(",")))
-    for name, check in checks:
-        if only and name not in only:
-            continue
-        try:
-            check()
-            comm.Barrier()
-        except BaseException:  # noqa: BLE001 - report and take every rank down
-            sys.stderr.write(f"rank {plane.rank}: check {name} FAILED\n{traceback.format_exc()}")
-            sys.stderr.flush()
-            comm.Abort(1)
-        if plane.rank == 0:
-            print(f"CHECK {name} ok", flush=True)
-    if plane.rank == 0:
-        print(f"ALL CHECKS OK on {size} ranks", flush=True)
-    return 0
+    return run_checks(checks, "ALL CHECKS OK", "COMM_CHECKS")
 
 
 if __name__ == "__main__":

@@ -7,9 +7,9 @@ staging); with two or more GPUs, GPU<->GPU leaves take a lazily created NCCL lin
 from __future__ import annotations
 
 import sys
-import traceback
 
 import torch
+from harness import run_checks
 
 from rlinf_hpc.comm import CommOptions, DataPlane, Directory
 from rlinf_hpc.comm.mpi import world
@@ -71,18 +71,7 @@ def main() -> int:
 
         checks += [("nccl_link", nccl), ("nccl_setup_failure_falls_back", nccl_fallback)]
 
-    for name, check in checks:
-        try:
-            check()
-            comm.Barrier()
-        except BaseException:  # noqa: BLE001 - take every rank down
-            sys.stderr.write(f"rank {rank}: check {name} FAILED\n{traceback.format_exc()}")
-            comm.Abort(1)
-        if rank == 0:
-            print(f"CHECK {name} ok", flush=True)
-    if rank == 0:
-        print(f"ALL GPU CHECKS OK ({num_gpus} GPU(s))", flush=True)
-    return 0
+    return run_checks(checks, f"ALL GPU CHECKS OK ({num_gpus} GPU(s))", "GPU_CHECKS")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,43 @@
+"""Resolve ``package.module:Name`` paths named in configs (workers, flows, policies)."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from rlinf_hpc.errors import UserError
+
+
+def import_path(path: str, what: str, hint: str = "") -> Any:
+    """The object ``Name`` of module ``package.module``; `UserError` naming ``what`` otherwise.
+
+    >>> import_path("rlinf_hpc.errors:UserError", "test").__name__
+    'UserError'
+    """
+    module_name, sep, name = path.partition(":")
+    if not sep or not module_name or not name:
+        raise UserError(f"{what} '{path}' is not an import path 'package.module:Name'.{hint}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise UserError(
+            f"{what} '{path}': cannot import module '{module_name}' ({exc}). Check the name and "
+            f"that the module is installed on every node.{hint}"
+        ) from None
+    obj = getattr(module, name, None)
+    if obj is None:
+        raise UserError(f"{what} '{path}': '{name}' in module '{module_name}' is missing.{hint}")
+    return obj
+
+
+def import_subclass(path: str, base: type, what: str, hint: str = "") -> type:
+    """`import_path`, then insist on a subclass of ``base``."""
+    obj = import_path(path, what, hint)
+    if not (isinstance(obj, type) and issubclass(obj, base)):
+        name = path.partition(":")[2]
+        module = path.partition(":")[0]
+        raise UserError(
+            f"{what} '{path}': '{name}' in module '{module}' is not a subclass of "
+            f"{base.__module__.replace('.base', '')}.{base.__qualname__}.{hint}"
+        )
+    return obj
