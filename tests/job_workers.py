@@ -182,6 +182,17 @@ class ChannelWorker(ProbeWorker):
         channel = self.channel("work")
         return [channel.get(timeout=60)["i"] for _ in range(count)]
 
+    def make_channel(self, name: str, producers: str, consumers: str, count: int) -> int | str:
+        """Declare a channel from inside this method, fill it and close it."""
+        try:
+            channel = self.create_channel(name, producers, consumers)
+        except UserError as exc:
+            return str(exc)
+        for i in range(count):
+            channel.put({"i": i})
+        channel.close()
+        return count
+
     def drain(self, name: str = "work") -> list[int]:
         from rlinf_hpc.channel import EndOfStream
 
@@ -192,6 +203,18 @@ class ChannelWorker(ProbeWorker):
                 taken.append(channel.get(timeout=60)["i"])
             except EndOfStream:
                 return taken
+
+
+def worker_channel_flow(coordinator: Coordinator) -> dict[str, Any]:
+    """A worker declares a channel while it runs; the consumers use it in their next call."""
+    producer, consumer = coordinator.group("producer"), coordinator.group("consumer")
+    bad = producer.call("make_channel", "dyn", "nobody", "consumer", 0).result()[0]
+    made = producer.call("make_channel", "dyn", "producer", "consumer", 30).result()[0]
+    again = producer.call("make_channel", "dyn", "producer", "consumer", 0).result()[0]
+    taken = sorted(i for part in consumer.call("drain", "dyn").result() for i in part)
+    result = {"bad": bad, "made": made, "again": again, "taken": taken}
+    print("DYN " + repr(result), flush=True)
+    return result
 
 
 def late_channel_flow(coordinator: Coordinator) -> dict[str, Any]:

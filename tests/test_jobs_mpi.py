@@ -264,3 +264,19 @@ def test_flow_declares_a_channel_at_run_time(tmp_path: Path) -> None:
     assert report["taken"] == list(range(40))
     assert len(report["errors"]) == 2 and "names ['nobody']" in report["errors"][0]
     assert "`channels.bad.capacity`" in report["errors"][1]
+
+
+def test_worker_declares_a_channel_from_inside_a_method(tmp_path: Path) -> None:
+    path = tmp_path / "dyn.toml"
+    path.write_text(
+        '[job]\nname = "dyn"\nnum_ranks = 4\ncall_timeout_s = 120\n'
+        '[components.producer]\nworker = "job_workers:ChannelWorker"\n'
+        '[components.consumer]\nworker = "job_workers:ChannelWorker"\nnum_ranks = 2\n'
+        '[flow]\nrunner = "job_workers:worker_channel_flow"\n'
+    )
+    result = rlinf("run", str(path), timeout=120)
+    assert result.returncode == 0, result.output
+    report = ast.literal_eval(_line(result.stdout, "DYN "))
+    assert "channels.dyn.producers names ['nobody']" in report["bad"]
+    assert report["made"] == 30 and report["taken"] == list(range(30))
+    assert "channel 'dyn' exists already" in report["again"]

@@ -15,6 +15,7 @@ from rlinf_hpc.comm.waiting import poll_until
 COORDINATOR_RANK = 0
 _COMMAND_TAG = 11
 _REPLY_TAG = 12
+_ANSWER_TAG = 13  # answers to a worker's requests, apart from its command stream
 
 
 class ControlPlane:
@@ -79,6 +80,20 @@ class ControlPlane:
         """Worker: the next command from the coordinator, or None."""
         received = self._try_receive(COORDINATOR_RANK, _COMMAND_TAG)
         return None if received is None else received[1]
+
+    def send_answer(self, rank: int, message: Any) -> None:
+        """Coordinator -> worker ``rank``: the answer to its request."""
+        self._isend(message, rank, _ANSWER_TAG)
+
+    def request(self, message: Any, timeout: float, describe: str) -> Any:
+        """Worker: send ``message`` to the coordinator and wait (sleeping) for its answer."""
+        self.send_reply(message)
+
+        def poll() -> Any:
+            received = self._try_receive(COORDINATOR_RANK, _ANSWER_TAG)
+            return None if received is None else received[1]
+
+        return poll_until(poll, timeout, lambda: f"rank {self.rank} waited for the coordinator to {describe}")
 
     def free(self) -> None:
         """Release the duplicated communicator (after the last message)."""

@@ -79,6 +79,8 @@ class DataPlane:
     def set_directory(self, directory: Directory) -> None:
         """Adopt a new placement. Links to ranks whose place changed are released; a rank whose
         own place changed releases all of its links (every peer drops its end too)."""
+        if directory.version < self.directory.version:
+            return  # an older copy queued behind a newer one this rank already has
         old, self.directory = self.directory, directory
         if self.rank in directory.devices:  # tensors received here land on this device
             self.device = self._inbox.device = directory.devices[self.rank]

@@ -21,7 +21,17 @@ from rlinf_hpc.log import get_logger
 from rlinf_hpc.scheduler.futures import CallFuture, GroupFuture
 from rlinf_hpc.scheduler.group import ComponentGroup
 from rlinf_hpc.scheduler.placement import Placement, channel_specs, effective_device, plan_placement
-from rlinf_hpc.scheduler.protocol import Bye, Call, Join, Leave, Reply, SetDirectory, Shutdown
+from rlinf_hpc.scheduler.protocol import (
+    Answer,
+    Bye,
+    Call,
+    Join,
+    Leave,
+    Reply,
+    Request,
+    SetDirectory,
+    Shutdown,
+)
 
 log = get_logger("coordinator")
 
@@ -58,6 +68,7 @@ class Coordinator:
         self._departed: dict[int, Bye] = {}
         self._fatal: Exception | None = None
         self._directory_version = 0
+        self._background: set[int] = set()
 
     # -- placement ---------------------------------------------------------------------------
     @property
@@ -80,8 +91,11 @@ class Coordinator:
         self._placement = placement
         return placement
 
-    def _publish_directory(self, groups: Mapping[str, list[int]]) -> None:
-        """Every rank's data plane learns the new placement before any worker uses it."""
+    def _publish_directory(self, groups: Mapping[str, list[int]], wait: bool = True) -> Directory:
+        """Every rank's data plane learns the new placement before any worker uses it.
+
+        With ``wait=False`` (serving a worker's request from inside a wait) the workers take it
+        in between their commands; failures still surface through the futures."""
         self._directory_version += 1
         devices = {
             rank: effective_device(self.config.components[name], self._slot_of[rank])
@@ -103,7 +117,11 @@ class Coordinator:
             future = self._new_future(rank, "-", "set_directory")
             self.control.send_command(rank, SetDirectory(future.call_id, directory))
             futures.append(future)
-        self._wait_all(futures)
+        if wait:
+            self._wait_all(futures)
+        else:  # nobody waits on these: a failure becomes the job's failure at the next wait
+            self._background.update(f.call_id for f in futures)
+        return directory
 
     def create_channel(
         self, name: str, producers: list[str] | str, consumers: list[str] | str, **options: Any
@@ -111,16 +129,30 @@ class Coordinator:
         """Declare a channel while the job runs (as if it were under ``[channels.NAME]``);
         every rank learns it before this returns. ``options``: policy, capacity, ...
         A bad declaration raises `UserError` saying which key is wrong."""
+        self._declare_channel(name, {"producers": producers, "consumers": consumers, **options})
+        self._publish_directory(self.placement.groups)
+
+    def _declare_channel(self, name: str, spec: dict[str, Any]) -> None:
         if name in self._channels:
-            raise ValueError(f"channel '{name}' exists already")
-        spec = {"producers": producers, "consumers": consumers, **options}
+            raise UserError(f"channel '{name}' exists already; pick another name.")
         declared = {k: v.model_dump() for k, v in self._channels.items()}
         checked = config_from_dict(
             {**self.config.model_dump(), "channels": {**declared, name: spec}},
             f"create_channel('{name}')",
         )
         self._channels = dict(checked.channels)
-        self._publish_directory(self.placement.groups)
+
+    def _serve_request(self, rank: int, request: Request) -> None:
+        """A worker asked, from inside a method, for a job-wide change."""
+        try:
+            if request.kind != "create_channel":
+                raise UserError(f"unknown request '{request.kind}'")
+            payload = dict(request.payload)
+            self._declare_channel(payload.pop("name"), payload)
+            answer = Answer(True, self._publish_directory(self.placement.groups, wait=False))
+        except UserError as exc:
+            answer = Answer(False, error=str(exc))
+        self.control.send_answer(rank, answer)
 
     def record(self, event: str, **fields: Any) -> None:
         """Append an event (metrics, channel stats, ...) to the run's ``events.jsonl``."""
@@ -226,7 +258,10 @@ class Coordinator:
         if self._fatal is not None:
             raise self._fatal
 
-    def _handle(self, rank: int, message: Reply | Bye) -> None:
+    def _handle(self, rank: int, message: Reply | Bye | Request) -> None:
+        if isinstance(message, Request):
+            self._serve_request(rank, message)
+            return
         if isinstance(message, Reply):
             future = self._pending.get(message.call_id, {}).pop(message.rank, None)
             self._busy[rank].pop(message.call_id, None)
@@ -234,6 +269,12 @@ class Coordinator:
                 del self._pending[message.call_id]
             if future is not None:
                 future._resolve(message)
+            if message.call_id in self._background:
+                self._background.discard(message.call_id)
+                if not message.ok and self._fatal is None:
+                    self._fatal = WorkerError(
+                        rank, message.component, "set_directory", message.error, message.traceback
+                    )
             return
         self._departed[rank] = message
         lost = list(self._busy.pop(rank, {}).values())

@@ -90,3 +90,22 @@ class Bye:
     reason: str
     error: str = ""
     traceback: str = ""
+
+
+@dataclass(frozen=True)
+class Request:
+    """Worker -> coordinator, from inside a method: ask the coordinator to do something for the
+    whole job (``kind``: ``create_channel``). Answered with an `Answer` on its own tag."""
+
+    rank: int
+    kind: str
+    payload: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Answer:
+    """Coordinator -> worker: the outcome of a `Request`."""
+
+    ok: bool
+    value: Any = None
+    error: str = ""

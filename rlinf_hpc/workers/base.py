@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import random
 import socket
+from collections.abc import Callable
 from typing import Any
 
 from rlinf_hpc.channel import Channel, channel_for
@@ -38,8 +39,16 @@ class Worker:
     log: logging.Logger
 
     def _bind(
-        self, component: str, rank: int, device: str, seed: int, group: GroupComm, comm: DataPlane
+        self,
+        component: str,
+        rank: int,
+        device: str,
+        seed: int,
+        group: GroupComm,
+        comm: DataPlane,
+        request: Callable[[str, dict[str, Any]], Any],
     ) -> None:
+        self._request = request
         self.comm = comm
         self.component = component
         self.rank = rank
@@ -61,6 +70,19 @@ class Worker:
     def rank_seed(self) -> int:
         """A seed distinct per world rank and stable across runs of the same config."""
         return random.Random(f"{self.seed}:{self.rank}").getrandbits(31)
+
+    def create_channel(
+        self, name: str, producers: list[str] | str, consumers: list[str] | str, **options: Any
+    ) -> Channel:
+        """Declare a channel from inside a method (validated like ``[channels.NAME]``).
+
+        The coordinator publishes it to every rank; this rank can use it at once, the others
+        from their next command on. Raises `UserError` for a bad declaration.
+        """
+        spec = {"name": name, "producers": producers, "consumers": consumers, **options}
+        directory = self._request("create_channel", spec)
+        self.comm.set_directory(directory)
+        return self.channel(name)
 
     def channel(self, name: str) -> Channel:
         """This rank's handle on the channel ``name`` declared under ``[channels.NAME]``."""

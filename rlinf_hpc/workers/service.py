@@ -11,13 +11,16 @@ import traceback
 from typing import Any
 
 from rlinf_hpc.comm import Backoff, ControlPlane, DataPlane, create_group_comm
-from rlinf_hpc.errors import JobInterrupted
+from rlinf_hpc.errors import JobInterrupted, UserError
 from rlinf_hpc.imports import import_subclass
 from rlinf_hpc.log import get_logger, set_role
-from rlinf_hpc.scheduler.protocol import Bye, Call, Join, Leave, Reply, SetDirectory, Shutdown
+from rlinf_hpc.scheduler.protocol import Bye, Call, Join, Leave, Reply, Request, SetDirectory, Shutdown
 from rlinf_hpc.workers.base import Worker
 
 log = get_logger("service")
+
+#: How long a worker waits for the coordinator to answer a request (it answers inside its waits).
+_REQUEST_TIMEOUT_S = 600.0
 
 
 def resolve_worker_class(path: str) -> type[Worker]:
@@ -55,7 +58,9 @@ class WorkerService:
             return None
         try:
             worker = resolve_worker_class(command.worker_path)()
-            worker._bind(command.component, self.rank, command.device, command.seed, group, self.comm)
+            worker._bind(
+                command.component, self.rank, command.device, command.seed, group, self.comm, self._request
+            )
             worker.setup(**command.options)
         except BaseException:
             group.free()
@@ -72,6 +77,17 @@ class WorkerService:
         finally:
             worker.group.free()
         return None
+
+    def _request(self, kind: str, payload: dict[str, Any]) -> Any:
+        """Ask the coordinator for a job-wide change from inside a method; UserError if refused."""
+        answer = self.control.request(
+            Request(self.rank, kind, payload),
+            timeout=_REQUEST_TIMEOUT_S,
+            describe=f"answer its {kind} request",
+        )
+        if not answer.ok:
+            raise UserError(answer.error)
+        return answer.value
 
     def _set_directory(self, command: SetDirectory) -> Any:
         self.comm.set_directory(command.directory)
