@@ -243,7 +243,11 @@ def test_channel_items_survive_a_consumer_leaving(tmp_path: Path) -> None:
     report = ast.literal_eval(_line(result.stdout, "CHANNEL "))
     events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
     recorded = [e for e in events if e["event"] == "channel_stats"]
-    assert recorded and recorded[0]["channel"] == "work" and recorded[0]["outstanding"] == 0
+    assert recorded[0]["channel"] == "work" and recorded[0]["outstanding"] == 0  # by the flow
+    automatic = recorded[-1]  # written by the runtime when the flow returned
+    assert automatic["channel"] == "work" and len(automatic["ranks"]) == 3  # producer + 2 consumers
+    # the two remaining consumers took all 300 items but the 20 the leaving one took before it left
+    assert sum(r["served_items"] for r in automatic["ranks"]) == 280
     # 300 items, each consumed exactly once, although a consumer left holding some of them
     assert (report["count"], report["unique"], report["min"], report["max"]) == (300, 300, 0, 299)
     assert report["forwarded"] > 0, report  # the leaving consumer really held items to hand over

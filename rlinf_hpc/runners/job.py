@@ -118,6 +118,8 @@ def _coordinate(
             placement_rows(config, placement, slots),
         )
         result = flow(coordinator)
+        for name, stats in coordinator.channel_stats().items():  # into events.jsonl
+            events.write("channel_stats", channel=name, ranks=stats)
         coordinator.shutdown(0, "flow finished")
         outcome = "ok"
         log.info("job '%s' finished in %.1f s", config.job.name, time.monotonic() - started)

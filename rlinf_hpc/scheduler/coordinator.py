@@ -154,6 +154,20 @@ class Coordinator:
             answer = Answer(False, error=str(exc))
         self.control.send_answer(rank, answer)
 
+    def channel_stats(self) -> dict[str, list[dict[str, Any]]]:
+        """`Channel.stats` of every channel from every worker rank taking part in it, by channel
+        (written to ``events.jsonl`` when the flow returns)."""
+        futures: dict[str, list[Any]] = {}
+        for name, channel in channel_specs(self._channels, self.placement.groups).items():
+            for rank in sorted(set(channel.producers) | set(channel.consumers)):
+                component = next(iter(self.placement.components_on(rank)), None)
+                if component is None:  # the coordinator itself: its stats are local
+                    continue
+                handle = self.group(component)
+                index = self.placement.ranks_of(component).index(rank)
+                futures.setdefault(name, []).append(handle.subset([index]).call("channel_stats", name))
+        return {name: [f.result()[0] for f in group] for name, group in futures.items()}
+
     def record(self, event: str, **fields: Any) -> None:
         """Append an event (metrics, channel stats, ...) to the run's ``events.jsonl``."""
         if self._recorder is not None:
