@@ -69,11 +69,10 @@ class ConsumerSide:
         taken = self._take(max_items, target_weight, key)
         if not taken:
             taken = [self._wait_for_item(key, timeout)]
-            taken += self._take(
-                None if max_items is None else max_items - 1,
-                None if target_weight is None else target_weight - taken[0].weight,
-                key,
-            )
+            remaining = None if target_weight is None else target_weight - taken[0].weight
+            if remaining is None or remaining > 0:
+                more = None if max_items is None else max_items - 1
+                taken += self._take(more, remaining, key)
         self._acknowledge(taken)
         self._busy_since = time.monotonic()
         self._pending_weight = sum(r.weight for r in taken)
@@ -194,6 +193,14 @@ class ConsumerSide:
         self._receive_available()
         taken: list[_Received] = []
         weight = 0.0
+        if key is None:  # plain FIFO: take from the front
+            while self._queue and (max_items is None or len(taken) < max_items):
+                if target_weight is not None and taken and weight >= target_weight:
+                    break
+                received = self._queue.popleft()
+                taken.append(received)
+                weight += received.weight
+            return taken
         for received in list(self._queue):
             if max_items is not None and len(taken) >= max_items:
                 break
