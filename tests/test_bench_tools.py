@@ -54,3 +54,19 @@ def test_bench_channel_writes_every_ratio(tmp_path: Path) -> None:
     # round-robin ignores the 1x/1x/2x/4x costs, so its imbalance is large whatever the noise
     assert data["ratios"]["imbalance_round_robin"] > 0.8
     assert data["ratios"]["small_items_per_s"] > 0
+
+
+def test_bench_switch_writes_ratio_and_compression(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    result = run_command(
+        [str(BIN / "python"), str(REPO / "tools" / "bench_switch.py"), "--mb", "32", "--json", str(out)],
+        timeout=240,
+    )
+    assert result.returncode in (0, 1), result.output
+    data = json.loads(out.read_text())
+    assert set(data["ratios"]) == {"offload_onload_vs_memcpy"}
+    for mode in ("plain", "byte_planes", "delta"):
+        for dtype in ("fp32", "bf16"):
+            assert data["raw"][f"{mode}_{dtype}_ratio"] >= 1.0
+    # a small update is what XOR deltas are for: far better than compressing the weights again
+    assert data["raw"]["delta_bf16_ratio"] > 2 * data["raw"]["plain_bf16_ratio"]
