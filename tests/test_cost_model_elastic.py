@@ -1,0 +1,69 @@
+"""Placement cost model and elastic micro-batching (pure logic, part of the M2Flow runtime)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from rlinf_hpc.scheduler.cost_model import PhaseProfile, pipeline_time, predict, split_ranks
+from rlinf_hpc.scheduler.elastic import ElasticBatching
+
+
+@pytest.mark.parametrize(
+    ("stages", "items", "k"), [([1.0, 3.0, 1.0], 64, 8), ([2.0, 0.5], 10, 4), ([0.2, 0.2, 0.9, 0.1], 256, 32)]
+)
+def test_pipeline_time_is_the_seed_formula(stages: list[float], items: int, k: int) -> None:
+    bottleneck = max(stages)
+    b = stages.index(bottleneck)
+    warmup = sum(stages[:b]) + bottleneck  # until the bottleneck's first micro-batch is out
+    cooldown = sum(stages[b + 1 :])
+    seed = warmup + math.ceil(items / k - 1) * bottleneck + cooldown
+    assert pipeline_time(stages, math.ceil(items / k)) == pytest.approx(seed)
+
+
+def test_split_ranks_follows_work_and_uses_every_rank() -> None:
+    profiles = [PhaseProfile("rollout", 3.0), PhaseProfile("inference", 1.0), PhaseProfile("actor", 2.0)]
+    shares = split_ranks(profiles, 12)
+    assert shares == {"rollout": 6, "inference": 2, "actor": 4}
+    assert sum(split_ranks(profiles, 4).values()) == 4
+    assert min(split_ranks(profiles, 3).values()) == 1
+    with pytest.raises(ValueError, match="3 phases cannot run disaggregated on 2 ranks"):
+        split_ranks(profiles, 2)
+
+
+def test_auto_prefers_pipelining_when_switches_are_expensive() -> None:
+    # balanced phases, costly context switches (large models offloaded every step)
+    profiles = [
+        PhaseProfile("rollout", 0.01, switch_seconds=2.0),
+        PhaseProfile("actor", 0.01, switch_seconds=2.0),
+    ]
+    prediction = predict(profiles, num_items=512, micro_batch=32, num_ranks=4)
+    assert prediction.choice == "disaggregated"
+    assert prediction.disaggregated < prediction.collocated
+
+
+def test_auto_prefers_collocation_when_stages_are_lopsided_and_switches_cheap() -> None:
+    # one phase dominates: a pipeline would leave the other stage's ranks idle in bubbles
+    profiles = [
+        PhaseProfile("rollout", 0.05, overhead_per_micro_batch=0.2, switch_seconds=0.01),
+        PhaseProfile("actor", 0.001, overhead_per_micro_batch=0.2, switch_seconds=0.01),
+    ]
+    prediction = predict(profiles, num_items=256, micro_batch=8, num_ranks=2)
+    assert prediction.choice == "collocated"
+    assert prediction.collocated < prediction.disaggregated
+
+
+def test_elastic_batching_moves_in_the_right_direction_and_stays_in_bounds() -> None:
+    batching = ElasticBatching(minimum=8, maximum=128, size=64, wait_threshold_s=0.05)
+    sizes = [batching.update(downstream_wait_s=1.0, memory_fraction=0.1)[0] for _ in range(6)]
+    assert sizes == [32, 16, 8, 8, 8, 8]  # latency: shrink, never below the minimum
+    sizes = [batching.update(downstream_wait_s=0.0, memory_fraction=0.99)[0] for _ in range(6)]
+    assert sizes == [16, 32, 64, 128, 128, 128]  # memory pressure: grow, never above the maximum
+    assert len(batching.history) == 7 and all(reason for _, _, reason in batching.history)
+    assert batching.update(0.0, 0.5) == (128, None)
+
+
+def test_elastic_batching_rejects_min_above_max() -> None:
+    with pytest.raises(ValueError, match=r"minimum \(64\) must be >= 1 and <= maximum \(32\)"):
+        ElasticBatching(minimum=64, maximum=32)
