@@ -88,3 +88,9 @@ def test_debug_shows_traceback() -> None:
 def test_bad_np_flag() -> None:
     result = rlinf("run", str(CONFIGS / "hello.toml"), "--np", "0")
     assert result.returncode == 2 and "must be >= 1" in result.stderr
+
+
+def test_trace_of_a_directory_without_timeline(tmp_path: Path) -> None:
+    assert_user_error(rlinf("trace", str(tmp_path)), "timeline.jsonl' does not exist", "--run-dir")
+    (tmp_path / "timeline.jsonl").write_text("not json\n")
+    assert_user_error(rlinf("trace", str(tmp_path)), "is not a timeline written by rlinf-hpc")

@@ -51,6 +51,16 @@ def test_hello_launches_four_ranks_and_prints_results(tmp_path: Path) -> None:
     events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
     assert events[0]["event"] == "placement" and events[-1]["outcome"] == "ok"
     assert (tmp_path / "run" / "config.toml").exists()
+    # the timeline has every worker's calls; `rlinf-hpc trace` turns it into Perfetto + PNG
+    spans = [json.loads(x) for x in (tmp_path / "run" / "timeline.jsonl").read_text().splitlines()]
+    calls = {(s["rank"], s["name"]) for s in spans if s["cat"] == "call"}
+    assert calls == {(1, "doubler.apply"), (2, "doubler.apply"), (3, "squarer.apply")}
+    assert {s["name"] for s in spans if s["rank"] == 0} >= {"placement", "flow"}
+    traced = rlinf("trace", str(tmp_path / "run"))
+    assert traced.returncode == 0, traced.output
+    trace = json.loads((tmp_path / "run" / "trace.json").read_text())
+    assert {e["pid"] for e in trace["traceEvents"] if e["ph"] == "X"} == {0, 1, 2, 3}
+    assert (tmp_path / "run" / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.parametrize("num_ranks", [2, 4])

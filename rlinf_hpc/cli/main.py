@@ -68,6 +68,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     info.add_argument("--np", type=_positive_int, help="start this many ranks and describe them")
 
+    trace = commands.add_parser(
+        "trace",
+        parents=[common],
+        help="turn a run's timeline into a Chrome trace and a Gantt PNG",
+        description="Reads RUN_DIR/timeline.jsonl (written by `run --run-dir`) and writes "
+        "trace.json (open in Perfetto or chrome://tracing) and timeline.png.",
+    )
+    trace.add_argument("run_dir", help="the --run-dir of a finished run")
+    trace.add_argument("--out", help="where to write (default: RUN_DIR)")
+
     config = commands.add_parser("config", parents=[common], help="inspect configs")
     config_commands = config.add_subparsers(dest="config_command", required=True, metavar="WHAT")
     show = config_commands.add_parser("show", parents=[common], help="print the resolved config")
@@ -77,6 +87,31 @@ def _parser() -> argparse.ArgumentParser:
         "schema", parents=[common], help="list every config key with type, default and doc"
     )
     return parser
+
+
+def _cmd_trace(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from rlinf_hpc.runtime.timeline import chrome_trace, gantt_png, read_spans
+
+    source = Path(args.run_dir) / "timeline.jsonl"
+    if not source.is_file():
+        raise UserError(
+            f"'{source}' does not exist: pass the --run-dir of a run that finished (runs write "
+            "timeline.jsonl there when they end), e.g. `rlinf-hpc run CONFIG --run-dir runs/a` "
+            "then `rlinf-hpc trace runs/a`."
+        )
+    try:
+        spans = read_spans(source)
+    except (json.JSONDecodeError, KeyError) as exc:
+        raise UserError(f"'{source}' is not a timeline written by rlinf-hpc ({exc}).") from None
+    out = Path(args.out or args.run_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "trace.json").write_text(json.dumps(chrome_trace(spans)), encoding="utf-8")
+    gantt_png(spans, out / "timeline.png")
+    sys.stdout.write(f"{len(spans)} spans -> {out / 'trace.json'} (Perfetto) and {out / 'timeline.png'}\n")
+    return 0
 
 
 def _cmd_config_show(args: argparse.Namespace) -> int:
@@ -151,6 +186,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_run(args, argv)
         if args.command == "info":
             return _cmd_info(args, argv)
+        if args.command == "trace":
+            return _cmd_trace(args)
         if args.config_command == "show":
             return _cmd_config_show(args)
         return _cmd_config_schema(args)

@@ -18,6 +18,7 @@ One DataPlane per rank, used from the rank's main thread.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -59,6 +60,8 @@ class DataPlane:
         self._batches: dict[int, Batch] = {}
         self._inflight: list[WorkHandle] = []
         self._directory_listeners: list[Callable[[Directory, Directory], None]] = []
+        #: Called as hook(name, category, lane, start, end, **args) for each large transfer.
+        self.span_hook: Callable[..., None] | None = None
         self.links = Links(self.rank, self.options.link_timeout_s)
         self._inbox = Inbox(self._comm, _ENVELOPE_TAG, _PAYLOAD_TAG, self._name, self.links, device)
         self.collectives = Collectives(self)
@@ -141,6 +144,8 @@ class DataPlane:
     def _send_handle(
         self, rank: int, tag: Any, nbytes: int, requests: list[Any], works: list[Any], keep: list[Any]
     ) -> WorkHandle:
+        started = time.time()
+
         def test() -> bool:
             if requests and not mpi().Request.Testall(requests):
                 return False
@@ -148,6 +153,8 @@ class DataPlane:
                 return False
             for work in works:
                 work.wait()  # raises if the link failed during the transfer
+            if keep:  # first completion: record the transfer
+                self._record(f"send to rank {rank}", started, nbytes, tag)
             requests.clear()
             works.clear()
             keep.clear()
@@ -327,8 +334,11 @@ class DataPlane:
                         marked.append(True)
             return waiter.item is not None
 
+        started = time.time()
+
         def result() -> Any:
             assert waiter.item is not None
+            self._record(f"recv from rank {rank}", started, waiter.item.nbytes, tag)
             return self._inbox.finish(waiter.item, rank, target, out_leaves)
 
         def finish() -> bool:
@@ -346,6 +356,11 @@ class DataPlane:
             finish=finish,
         )
         return handle
+
+    def _record(self, name: str, started: float, nbytes: int, tag: Any) -> None:
+        """A span for a large transfer (from post to completion, waiting included)."""
+        if self.span_hook is not None and nbytes >= _BLOCKING_WAIT_BYTES:
+            self.span_hook(name, "transfer", "comm", started, time.time(), bytes=nbytes, tag=repr(tag))
 
     # -- collectives ---------------------------------------------------------------------------
     def broadcast(self, obj: Any, root: Address, members: Members, timeout: float | None = None) -> Any:

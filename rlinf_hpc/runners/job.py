@@ -23,6 +23,7 @@ from rlinf_hpc.runners.flows import resolve_flow
 from rlinf_hpc.runtime.console import print_table
 from rlinf_hpc.runtime.events import EventLog
 from rlinf_hpc.runtime.signals import install_signal_handlers
+from rlinf_hpc.runtime.timeline import Timeline, write_spans
 from rlinf_hpc.scheduler import Coordinator, describe_failure, placement_rows
 from rlinf_hpc.workers import WorkerService, resolve_worker_class
 
@@ -89,6 +90,8 @@ def _coordinate(
     run_dir = Path(request.run_dir) if request.run_dir else None
     events = EventLog(run_dir / "events.jsonl" if run_dir else None, rank=0)
     slots = build_topology(infos)
+    timeline = Timeline(0)
+    comm.span_hook = timeline.add
     coordinator = Coordinator(config, control, slots, comm, recorder=events.write)
     log.info(
         "job '%s': %d ranks on %d node(s), %s; %s",
@@ -110,14 +113,16 @@ def _coordinate(
             resolve_worker_class(component.worker)
         for channel in config.channels.values():
             resolve_policy(channel.policy)
-        placement = coordinator.start()
+        with timeline.span("placement", "phase", "coordinator"):
+            placement = coordinator.start()
         events.write("placement", groups=placement.groups)
         print_table(
             f"placement: {control.size} ranks",
             ["component", "rank", "node", "local rank", "device", "cpus"],
             placement_rows(config, placement, slots),
         )
-        result = flow(coordinator)
+        with timeline.span("flow", "phase", "coordinator"):
+            result = flow(coordinator)
         for name, stats in coordinator.channel_stats().items():  # into events.jsonl
             events.write("channel_stats", channel=name, ranks=stats)
         coordinator.shutdown(0, "flow finished")
@@ -145,6 +150,8 @@ def _coordinate(
     finally:
         events.write("end", outcome=outcome, wall_seconds=round(time.monotonic() - started, 3))
         events.close()
+        if run_dir is not None and run_dir.is_dir():
+            write_spans(timeline.drain() + coordinator.worker_spans, run_dir / "timeline.jsonl")
 
 
 def _write_summary(run_dir: Path | None, outcome: str, started: float, result: Any) -> None:

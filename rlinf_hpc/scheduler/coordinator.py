@@ -69,6 +69,8 @@ class Coordinator:
         self._fatal: Exception | None = None
         self._directory_version = 0
         self._background: set[int] = set()
+        #: Timeline spans the workers handed over when they left (see runtime.timeline).
+        self.worker_spans: list[dict[str, Any]] = []
 
     # -- placement ---------------------------------------------------------------------------
     @property
@@ -291,6 +293,7 @@ class Coordinator:
                     )
             return
         self._departed[rank] = message
+        self.worker_spans.extend(message.spans)
         lost = list(self._busy.pop(rank, {}).values())
         for future in lost:
             self._pending.get(future.call_id, {}).pop(rank, None)

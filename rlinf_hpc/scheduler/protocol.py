@@ -90,6 +90,8 @@ class Bye:
     reason: str
     error: str = ""
     traceback: str = ""
+    #: The rank's timeline spans (see `rlinf_hpc.runtime.timeline`).
+    spans: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

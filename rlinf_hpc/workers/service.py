@@ -14,6 +14,7 @@ from rlinf_hpc.comm import Backoff, ControlPlane, DataPlane, create_group_comm
 from rlinf_hpc.errors import JobInterrupted, UserError
 from rlinf_hpc.imports import import_subclass
 from rlinf_hpc.log import get_logger, set_role
+from rlinf_hpc.runtime.timeline import Timeline
 from rlinf_hpc.scheduler.protocol import Bye, Call, Join, Leave, Reply, Request, SetDirectory, Shutdown
 from rlinf_hpc.workers.base import Worker
 
@@ -44,6 +45,8 @@ class WorkerService:
         self.comm = comm
         self.rank = control.rank
         self.workers: dict[str, Worker] = {}
+        self.timeline = Timeline(self.rank)
+        comm.span_hook = self.timeline.add
 
     def _roles(self) -> str:
         return "+".join(self.workers) or "idle"
@@ -108,8 +111,13 @@ class WorkerService:
         handler = {Call: self._call, Join: self._join, Leave: self._leave, SetDirectory: self._set_directory}[
             type(command)
         ]
+        name = command.method if isinstance(command, Call) else type(command).__name__.lower()
+        lane = command.component if command.component != "-" else "service"
         try:
-            value = handler(command)  # type: ignore[operator]
+            with self.timeline.span(
+                f"{lane}.{name}", "call" if isinstance(command, Call) else "control", lane
+            ):
+                value = handler(command)  # type: ignore[operator]
             return Reply(command.call_id, self.rank, command.component, True, value)
         except JobInterrupted:
             raise
@@ -162,7 +170,7 @@ class WorkerService:
             backoff.sleep()
 
     def _say_bye(self, reason: str, error: str = "", trace: str = "") -> None:
-        self.control.send_reply(Bye(self.rank, reason, error, trace))
+        self.control.send_reply(Bye(self.rank, reason, error, trace, self.timeline.drain()))
         try:
             self.control.flush(timeout=5.0, describe="sending Bye to the coordinator")
         except Exception:  # noqa: BLE001 - the coordinator may be gone already

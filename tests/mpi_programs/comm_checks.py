@@ -136,14 +136,19 @@ def check_roundtrip_every_dtype(plane: DataPlane, peer: int) -> None:
 
 def check_large_chunked(plane: DataPlane, peer: int) -> None:
     big = {"w": torch.randn(5_000_000), "nc": torch.randn(1000, 3000).t(), "i": torch.arange(10)}
+    spans: list[tuple] = []
+    plane.span_hook = lambda name, cat, lane, start, end, **args: spans.append((name, cat, args["bytes"]))
     if plane.rank == 0:
         before = plane.stats["payload_messages_sent"]
         plane.send(big, peer)
+        assert spans == [("send to rank 1", "transfer", 32_000_080)], spans  # timeline span
         # 20 MB + 12 MB + 80 B in chunks of at most 4 MB: 5 + 3 + 1 payload messages
         assert plane.stats["payload_messages_sent"] - before == 9, plane.stats
         assert same(plane.recv(peer), big)
     elif plane.rank == peer:
         plane.send(plane.recv(0), 0)
+        assert ("recv from rank 0", "transfer", 32_000_080) in spans, spans
+    plane.span_hook = None
 
 
 def check_order_per_tag_with_mixed_sizes(plane: DataPlane, peer: int) -> None:
