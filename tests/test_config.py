@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -134,11 +135,12 @@ def test_explicit_ranks_checks(tmp_path: Path) -> None:
 def test_num_worker_ranks_needed_counts_shared_and_explicit() -> None:
     shared = Config.model_validate(
         {
+            "placement": {"mode": "hybrid"},
             "components": {
                 "a": {"worker": "m:C", "ranks": [1, 2]},
                 "b": {"worker": "m:C", "ranks": [2, 3]},
                 "c": {"worker": "m:C", "num_ranks": 2},
-            }
+            },
         }
     )
     assert shared.num_worker_ranks_needed == 5
@@ -165,3 +167,40 @@ def test_schema_documents_every_key() -> None:
         assert name in keys and keys[name].doc, name
     assert keys["components.<name>.worker"].default == "(required)"
     assert keys["job.num_ranks"].default == "4"
+
+
+def test_placement_modes_size_the_job() -> None:
+    components = {
+        "a": {"worker": "m:C", "num_ranks": 2},
+        "b": {"worker": "m:C", "num_ranks": 3},
+        "c": {"worker": "m:C"},
+    }
+    modes = {
+        "disaggregated": {},
+        "collocated": {"mode": "collocated"},
+        "hybrid": {"mode": "hybrid", "groups": [["a", "b"]]},
+    }
+    needed = {
+        mode: Config.model_validate({"components": components, "placement": extra}).num_worker_ranks_needed
+        for mode, extra in modes.items()
+    }
+    assert needed == {"disaggregated": 6, "collocated": 3, "hybrid": 4}
+
+
+def test_placement_mistakes(tmp_path: Path) -> None:
+    base = MINIMAL + '[components.b]\nworker = "pkg.mod:Cls"\n'
+    cases = {
+        '[placement]\nmode = "hybrid"\ngroups = [["a", "nope"]]\n': "unknown component 'nope'",
+        '[placement]\nmode = "hybrid"\ngroups = [["a"], ["a", "b"]]\n': "lists component 'a' twice",
+        '[placement]\ngroups = [["a", "b"]]\n': 'only used with placement.mode = "hybrid"',
+        '[placement]\nmode = "auto-ish"\n': "`placement.mode`",
+    }
+    for extra, message in cases.items():
+        with pytest.raises(UserError, match=re.escape(message)):
+            load_config(write(tmp_path, base + extra))
+    overlap = MINIMAL + "ranks = [1, 2]\n" + '[components.b]\nworker = "pkg.mod:Cls"\nranks = [2]\n'
+    with pytest.raises(
+        UserError, match=r"components 'a' and 'b' both list rank 2.*\"collocated\" or \"hybrid\""
+    ):
+        load_config(write(tmp_path, overlap))
+    load_config(write(tmp_path, overlap + '[placement]\nmode = "collocated"\n'))  # fine there

@@ -294,3 +294,18 @@ def test_worker_declares_a_channel_from_inside_a_method(tmp_path: Path) -> None:
     assert "channels.dyn.producers names ['nobody']" in report["bad"]
     assert report["made"] == 30 and report["taken"] == list(range(30))
     assert "channel 'dyn' exists already" in report["again"]
+
+
+@pytest.mark.parametrize(
+    ("mode", "num_ranks", "squarer_rank"),
+    [("collocated", 3, "1"), ("disaggregated", 4, "3")],
+)
+def test_hello_gives_the_same_results_collocated_or_not(mode: str, num_ranks: int, squarer_rank: str) -> None:
+    result = rlinf(
+        "run", str(CONFIGS / "hello.toml"), "--np", str(num_ranks), "--set", f"placement.mode={mode}"
+    )
+    assert result.returncode == 0, result.output
+    assert f"placement: {num_ranks} ranks" in result.stdout
+    rows = [line for line in result.stdout.splitlines() if line.startswith("│ squarer")]
+    assert rows[-1].split("│")[2].strip() == squarer_rank  # where the squarer ran
+    assert "1->1, 2->4, 3->9, 4->16, 5->25, 6->36, 7->49, 8->64" in result.stdout

@@ -24,10 +24,9 @@ def infos(hosts: list[str], gpus: int = 0, local: bool = False) -> list[RankInfo
     ]
 
 
-def config(**components: dict) -> Config:
-    return Config.model_validate(
-        {"components": {name: {"worker": "m:C", **spec} for name, spec in components.items()}}
-    )
+def config(placement: dict | None = None, **components: dict) -> Config:
+    spec = {name: {"worker": "m:C", **c} for name, c in components.items()}
+    return Config.model_validate({"components": spec, "placement": placement or {}})
 
 
 def test_nodes_numbered_by_first_appearance_and_local_ranks_counted_per_host() -> None:
@@ -49,7 +48,7 @@ def test_sequential_placement_skips_coordinator() -> None:
 
 
 def test_explicit_ranks_may_be_shared_and_others_fill_around_them() -> None:
-    cfg = config(a={"ranks": [2, 3]}, b={"ranks": [3]}, c={"num_ranks": 1})
+    cfg = config({"mode": "hybrid"}, a={"ranks": [2, 3]}, b={"ranks": [3]}, c={"num_ranks": 1})
     placement = plan_placement(cfg, build_topology(infos(["h"] * 4)))
     assert placement.groups == {"a": [2, 3], "b": [3], "c": [1]}
     assert placement.components_on(3) == ["a", "b"]
@@ -87,3 +86,19 @@ def test_gpu_component_placed_on_gpu_ranks_and_cpu_override_shown() -> None:
     rows = placement_rows(cfg, placement, slots)
     assert rows[0][0] == "(coordinator)" and rows[0][4] == "-"
     assert [(r[0], r[1], r[4]) for r in rows[1:]] == [("actor", "1", "cuda:1"), ("reward", "2", "cpu")]
+
+
+def test_collocated_components_share_ranks() -> None:
+    cfg = config({"mode": "collocated"}, rollout={"num_ranks": 3}, actor={"num_ranks": 2})
+    placement = plan_placement(cfg, build_topology(infos(["h"] * 4)))
+    assert placement.groups == {"rollout": [1, 2, 3], "actor": [1, 2]}
+    assert placement.components_on(1) == ["rollout", "actor"]
+
+
+def test_hybrid_groups_share_ranks_and_groups_stay_apart() -> None:
+    hybrid = {"mode": "hybrid", "groups": [["rollout", "inference"]]}
+    cfg = config(hybrid, rollout={"num_ranks": 2}, inference={"num_ranks": 2}, actor={"num_ranks": 1})
+    placement = plan_placement(cfg, build_topology(infos(["h"] * 4)))
+    assert placement.groups == {"rollout": [1, 2], "inference": [1, 2], "actor": [3]}
+    with pytest.raises(UserError, match=r"'rollout\+inference \(sharing ranks\)' needs 2 worker rank"):
+        plan_placement(cfg, build_topology(infos(["h"] * 2)))

@@ -1,7 +1,15 @@
 """Typed job configuration loaded from TOML."""
 
 from rlinf_hpc.config.loader import config_from_dict, config_to_toml, load_config, parse_override
-from rlinf_hpc.config.schema import ChannelConfig, ComponentConfig, Config, FlowConfig, HelloConfig, JobConfig
+from rlinf_hpc.config.schema import (
+    ChannelConfig,
+    ComponentConfig,
+    Config,
+    FlowConfig,
+    HelloConfig,
+    JobConfig,
+    PlacementConfig,
+)
 
 __all__ = [
     "ChannelConfig",
@@ -10,6 +18,7 @@ __all__ = [
     "FlowConfig",
     "HelloConfig",
     "JobConfig",
+    "PlacementConfig",
     "config_from_dict",
     "config_to_toml",
     "load_config",

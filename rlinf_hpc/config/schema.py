@@ -56,8 +56,8 @@ class ComponentConfig(_Section):
     ranks: list[int] | None = Field(
         None,
         description="Explicit world ranks for the group (>= 1; rank 0 is the coordinator). "
-        "Default: the next free worker ranks in config order. Two components may list the same "
-        "ranks to share them.",
+        "Default: the next free worker ranks in config order. Components may list the same ranks "
+        "only when [placement] mode is collocated or hybrid.",
     )
     device: Literal["cpu", "gpu", "any"] = Field(
         "any",
@@ -139,6 +139,22 @@ class ChannelConfig(_Section):
         return value
 
 
+class PlacementConfig(_Section):
+    """[placement]: how components share worker ranks."""
+
+    mode: Literal["disaggregated", "collocated", "hybrid"] = Field(
+        "disaggregated",
+        description="`disaggregated`: every component on ranks of its own (they pipeline); "
+        "`collocated`: all components on the same ranks (they take turns); `hybrid`: the "
+        "components of each entry of `groups` share ranks, groups are disjoint.",
+    )
+    groups: list[list[str]] = Field(
+        default_factory=list,
+        description="For `hybrid`: lists of components that share ranks, e.g. "
+        '[["rollout", "inference"], ["actor"]]. Components in no group get ranks of their own.',
+    )
+
+
 class FlowConfig(_Section):
     """[flow]: the macro flow run by the coordinator."""
 
@@ -164,6 +180,9 @@ class Config(_Section):
     )
     channels: dict[str, ChannelConfig] = Field(
         default_factory=dict, description="Data channels between components, by name."
+    )
+    placement: PlacementConfig = Field(
+        default_factory=PlacementConfig, description="How components share worker ranks."
     )
     flow: FlowConfig = Field(default_factory=FlowConfig, description="The macro flow.")
     hello: HelloConfig = Field(default_factory=HelloConfig, description="The built-in hello flow.")
@@ -197,10 +216,55 @@ class Config(_Section):
                 raise ValueError(f"channels.{name}.consumers: the coordinator cannot consume")
         return self
 
+    @model_validator(mode="after")
+    def _check_placement(self) -> Config:
+        mode, groups = self.placement.mode, self.placement.groups
+        if groups and mode != "hybrid":
+            raise ValueError(f'placement.groups is only used with placement.mode = "hybrid", not "{mode}"')
+        seen: set[str] = set()
+        for group in groups:
+            for name in group:
+                if name not in self.components:
+                    raise ValueError(
+                        f"placement.groups names unknown component '{name}'; components: "
+                        f"{', '.join(self.components)}"
+                    )
+                if name in seen:
+                    raise ValueError(f"placement.groups lists component '{name}' twice")
+                seen.add(name)
+        if mode == "disaggregated":
+            owner: dict[int, str] = {}
+            for name, component in self.components.items():
+                for rank in component.ranks or []:
+                    if rank in owner:
+                        raise ValueError(
+                            f"components '{owner[rank]}' and '{name}' both list rank {rank}, but "
+                            'placement.mode = "disaggregated" gives each component ranks of its '
+                            'own; use "collocated" or "hybrid" to share ranks'
+                        )
+                    owner[rank] = name
+        return self
+
+    def placement_units(self) -> list[list[str]]:
+        """Components that share ranks, one list per set of ranks (see [placement])."""
+        mode = self.placement.mode
+        if mode == "collocated":
+            return [list(self.components)]
+        if mode == "hybrid":
+            grouped = {name for group in self.placement.groups for name in group}
+            return [list(g) for g in self.placement.groups] + [
+                [name] for name in self.components if name not in grouped
+            ]
+        return [[name] for name in self.components]
+
     @property
     def num_worker_ranks_needed(self) -> int:
         """Smallest number of worker ranks (world size - 1) that can hold every component."""
         explicit = {r for c in self.components.values() if c.ranks for r in c.ranks}
-        implicit = sum(c.num_ranks for c in self.components.values() if c.ranks is None)
-        # Implicit components take free ranks; explicit ones fix the highest rank used.
+        implicit = sum(
+            max(self.components[n].num_ranks for n in unit)
+            for unit in self.placement_units()
+            if all(self.components[n].ranks is None for n in unit)
+        )
+        # Implicit units take free ranks; explicit ones fix the highest rank used.
         return max(len(explicit) + implicit, max(explicit, default=0))

@@ -86,29 +86,36 @@ def plan_placement(config: Config, slots: list[RankSlot]) -> Placement:
             _check_explicit(name, component, worker_slots)
             groups[name] = sorted(component.ranks)
             taken.update(component.ranks)
-    for name, component in config.components.items():
-        if component.ranks is not None:
+    for unit in config.placement_units():
+        members = [n for n in unit if config.components[n].ranks is None]
+        if not members:
             continue
+        size = max(config.components[n].num_ranks for n in members)
+        needs_gpu = any(config.components[n].device == "gpu" for n in members)
         free = [r for r in sorted(worker_slots) if r not in taken]
-        usable = [r for r in free if _fits(component, worker_slots[r])]
-        if len(usable) < component.num_ranks:
+        usable = [r for r in free if not needs_gpu or worker_slots[r].has_gpu]
+        if len(usable) < size:
+            label = members[0] if len(members) == 1 else f"{'+'.join(members)} (sharing ranks)"
             groups_text = ", ".join(f"'{n}' {len(r)}" for n, r in groups.items()) or "none yet"
-            if component.device == "gpu" and len(free) >= component.num_ranks:
+            if needs_gpu and len(free) >= size:
+                gpu_names = [n for n in members if config.components[n].device == "gpu"]
                 raise UserError(
-                    f"component '{name}' needs {component.num_ranks} rank(s) with a GPU "
+                    f"component '{label}' needs {size} rank(s) with a GPU "
                     f'(device = "gpu"), but only {len(usable)} free worker rank(s) see one. Ask '
                     "SLURM for GPUs (e.g. `sbatch --gpus-per-task=1`) or set "
-                    f'components.{name}.device = "cpu".'
+                    f'components.{gpu_names[0]}.device = "cpu".'
                 )
             total = config.num_worker_ranks_needed + 1
             raise UserError(
-                f"component '{name}' needs {component.num_ranks} worker rank(s) but only "
+                f"component '{label}' needs {size} worker rank(s) but only "
                 f"{len(free)} remain: the job has {len(worker_slots) + 1} ranks (rank 0 is the "
                 f"coordinator, {len(worker_slots)} workers; taken so far: {groups_text}). "
                 f"{_how_to_get_ranks(total)}"
             )
-        groups[name] = usable[: component.num_ranks]
-        taken.update(groups[name])
+        unit_ranks = usable[:size]
+        for name in members:
+            groups[name] = unit_ranks[: config.components[name].num_ranks]
+        taken.update(unit_ranks)
     ordered = {name: groups[name] for name in config.components}
     return Placement(ordered)
 
