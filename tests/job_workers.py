@@ -270,3 +270,64 @@ def channel_flow(coordinator: Coordinator) -> dict[str, Any]:
     coordinator.record("channel_stats", **result["producer"])
     print("CHANNEL " + repr(result), flush=True)
     return result
+
+
+_MODELS: dict[str, Any] = {}  # every model of this rank, to see who is resident while one runs
+
+
+class ModelWorker(ProbeWorker):
+    """A small model + optimizer that context switches move off the device and back."""
+
+    def setup(self, marker: str = "") -> None:
+        import torch
+
+        super().setup(marker)
+        torch.manual_seed(self.rank_seed() + len(self.component))
+        self.model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1))
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1e-2)
+        self.caches_released = 0
+        _MODELS[self.component] = self.model
+
+    def switch_state(self) -> Any:
+        return self.model, self.optimizer
+
+    def release_caches(self) -> None:
+        self.caches_released += 1
+
+    def train_step(self) -> dict[str, Any]:
+        import torch
+
+        self.optimizer.zero_grad()
+        loss = self.model(torch.ones(8, 64)).pow(2).mean()
+        loss.backward()
+        self.optimizer.step()
+        return self.resident()
+
+    def fingerprint(self) -> dict[str, Any]:
+        import hashlib
+
+        digest = hashlib.sha256()
+        for param in self.model.parameters():
+            digest.update(param.detach().numpy().tobytes())
+        for state in self.optimizer.state.values():
+            for value in state.values():
+                digest.update(value.detach().numpy().tobytes())
+        return {"sha": digest.hexdigest(), **self.resident()}
+
+    def resident(self) -> dict[str, Any]:
+        return {
+            "numel": {name: sum(p.numel() for p in m.parameters()) for name, m in _MODELS.items()},
+            "caches_released": self.caches_released,
+        }
+
+
+def switch_flow(coordinator: Coordinator) -> dict[str, Any]:
+    """alpha and beta share rank 1: each call makes its component resident, the other leaves."""
+    alpha, beta = coordinator.group("alpha"), coordinator.group("beta")
+    alpha.call("train_step").result()
+    before = alpha.call("fingerprint").result()[0]
+    during_beta = beta.call("train_step").result()[0]
+    after = alpha.call("fingerprint").result()[0]
+    result = {"before": before, "during_beta": during_beta, "after": after}
+    print("SWITCH " + repr(result), flush=True)
+    return result

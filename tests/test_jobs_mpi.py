@@ -309,3 +309,45 @@ def test_hello_gives_the_same_results_collocated_or_not(mode: str, num_ranks: in
     rows = [line for line in result.stdout.splitlines() if line.startswith("│ squarer")]
     assert rows[-1].split("│")[2].strip() == squarer_rank  # where the squarer ran
     assert "1->1, 2->4, 3->9, 4->16, 5->25, 6->36, 7->49, 8->64" in result.stdout
+
+
+@pytest.mark.parametrize("offload", ["none", "byte_planes", "delta"])
+def test_collocated_components_take_turns_on_the_device(tmp_path: Path, offload: str) -> None:
+    path = tmp_path / "switch.toml"
+    path.write_text(
+        '[job]\nname = "switch"\nnum_ranks = 2\ncall_timeout_s = 120\n'
+        f'[placement]\nmode = "collocated"\nswitch = "full"\noffload = "{offload}"\n'
+        '[components.alpha]\nworker = "job_workers:ModelWorker"\n'
+        '[components.beta]\nworker = "job_workers:ModelWorker"\n'
+        '[flow]\nrunner = "job_workers:switch_flow"\n'
+    )
+    result = rlinf("run", str(path), "--run-dir", str(tmp_path / "run"), timeout=120)
+    assert result.returncode == 0, result.output
+    report = ast.literal_eval(_line(result.stdout, "SWITCH "))
+    full = 64 * 64 + 64 + 64 + 1
+    assert report["before"]["numel"] == {"alpha": full, "beta": 0}
+    assert report["during_beta"]["numel"] == {"alpha": 0, "beta": full}  # alpha was switched out
+    assert report["after"]["sha"] == report["before"]["sha"]  # and came back bit for bit
+    spans = [json.loads(x) for x in (tmp_path / "run" / "timeline.jsonl").read_text().splitlines()]
+    switches = [s for s in spans if s["cat"] == "switch"]
+    assert [s["name"] for s in switches] == ["switch to alpha", "switch to beta", "switch to alpha"][
+        -len(switches) :
+    ]
+    assert switches and all(s["args"]["bytes"] > 0 for s in switches)
+
+
+def test_light_switch_only_releases_caches(tmp_path: Path) -> None:
+    path = tmp_path / "light.toml"
+    path.write_text(
+        '[job]\nname = "light"\nnum_ranks = 2\ncall_timeout_s = 120\n'
+        '[placement]\nmode = "collocated"\nswitch = "light"\n'
+        '[components.alpha]\nworker = "job_workers:ModelWorker"\n'
+        '[components.beta]\nworker = "job_workers:ModelWorker"\n'
+        '[flow]\nrunner = "job_workers:switch_flow"\n'
+    )
+    result = rlinf("run", str(path), timeout=120)
+    assert result.returncode == 0, result.output
+    report = ast.literal_eval(_line(result.stdout, "SWITCH "))
+    full = 64 * 64 + 64 + 64 + 1
+    assert report["during_beta"]["numel"] == {"alpha": full, "beta": full}  # weights stay
+    assert report["after"]["caches_released"] >= 1 and report["after"]["sha"] == report["before"]["sha"]

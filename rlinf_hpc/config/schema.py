@@ -153,6 +153,17 @@ class PlacementConfig(_Section):
         description="For `hybrid`: lists of components that share ranks, e.g. "
         '[["rollout", "inference"], ["actor"]]. Components in no group get ranks of their own.',
     )
+    switch: Literal["full", "light", "off"] = Field(
+        "full",
+        description="When components share a rank, before one runs: `full` moves the others' "
+        "weights, gradients and optimizer state to host memory (see `offload`); `light` only "
+        "asks them to release caches (`Worker.release_caches`); `off` does nothing.",
+    )
+    offload: Literal["none", "plain", "byte_planes", "delta"] = Field(
+        "none",
+        description="How a full switch stores state in host memory: raw copies, or zstd plain, "
+        "with byte planes, or as an XOR delta against the previous snapshot.",
+    )
 
 
 class FlowConfig(_Section):

@@ -230,6 +230,8 @@ class Coordinator:
                     dict(component.options),
                     effective_device(component, self._slot_of[rank]),
                     self.config.job.seed,
+                    self.config.placement.switch,
+                    self.config.placement.offload,
                 )
                 self.control.send_command(rank, join)
                 futures.append(future)

@@ -38,6 +38,8 @@ class Join:
     options: dict[str, Any]
     device: str
     seed: int
+    switch: str = "full"
+    offload: str = "none"
 
 
 @dataclass(frozen=True)

@@ -97,6 +97,14 @@ class Worker:
                 f"{sorted(options)}; define setup(self, ...) to accept them"
             )
 
+    def switch_state(self) -> Any:
+        """What a full context switch moves off the device while another component runs on
+        this rank: an ``nn.Module``, or ``(module, optimizer)``; None (default) for nothing."""
+        return None
+
+    def release_caches(self) -> None:
+        """Free transient buffers and caches (a light switch); weights stay."""
+
     def on_regroup(self) -> None:
         """Called after a re-partition changed this worker's group (``self.group`` is new)."""
 

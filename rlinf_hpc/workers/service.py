@@ -17,6 +17,7 @@ from rlinf_hpc.log import get_logger, set_role
 from rlinf_hpc.runtime.timeline import Timeline
 from rlinf_hpc.scheduler.protocol import Bye, Call, Join, Leave, Reply, Request, SetDirectory, Shutdown
 from rlinf_hpc.workers.base import Worker
+from rlinf_hpc.workers.timeshare import DeviceTimeShare
 
 log = get_logger("service")
 
@@ -46,6 +47,8 @@ class WorkerService:
         self.rank = control.rank
         self.workers: dict[str, Worker] = {}
         self.timeline = Timeline(self.rank)
+        self.timeshare = DeviceTimeShare(self.timeline)
+        self._switch_settings: dict[str, tuple[str, str]] = {}
         comm.span_hook = self.timeline.add
 
     def _roles(self) -> str:
@@ -69,11 +72,14 @@ class WorkerService:
             group.free()
             raise
         self.workers[command.component] = worker
+        self._switch_settings[command.component] = (command.switch, command.offload)
         set_role(self._roles())
         return None
 
     def _leave(self, command: Leave) -> Any:
+        self.timeshare.forget(command.component)  # its state comes back before teardown
         worker = self.workers.pop(command.component)
+        self._switch_settings.pop(command.component, None)
         set_role(self._roles())
         try:
             worker.teardown()
@@ -100,6 +106,8 @@ class WorkerService:
         worker = self.workers.get(command.component)
         if worker is None:
             raise RuntimeError(f"rank {self.rank} hosts no component '{command.component}'")
+        mode, offload = self._switch_settings.get(command.component, ("off", "none"))
+        self.timeshare.activate(command.component, self.workers, mode, offload)
         method = getattr(worker, command.method, None)
         if method is None or not callable(method):
             raise AttributeError(

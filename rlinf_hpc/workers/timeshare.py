@@ -1,0 +1,86 @@
+"""Time-multiplexing of one rank's device between the components placed on it.
+
+Before a command runs for component X on a rank that hosts several components, the rank makes
+X resident: with ``switch = "full"`` every other resident component's state (whatever its
+worker returns from `Worker.switch_state`: a model and optionally its optimizer) moves to host
+memory and X's comes back, bit for bit; with ``"light"`` the others only `release_caches`.
+Each switch is a timeline span (category ``switch``) with its seconds and compression ratio.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rlinf_hpc.log import get_logger
+from rlinf_hpc.runtime.timeline import Timeline
+from rlinf_hpc.scheduler.offload import ModuleSwitch, OffloadOptions
+from rlinf_hpc.workers.base import Worker
+
+log = get_logger("timeshare")
+
+
+class DeviceTimeShare:
+    """Which components of this rank are resident on its device, and the switches between."""
+
+    def __init__(self, timeline: Timeline) -> None:
+        self.timeline = timeline
+        self._switches: dict[str, ModuleSwitch] = {}
+        self._offloaded: set[str] = set()
+        #: (component switched in, seconds, bytes moved, compression ratio) of every switch.
+        self.history: list[tuple[str, float, int, float]] = []
+
+    def forget(self, component: str) -> None:
+        """The component left this rank: bring its state back (its worker is being torn down)."""
+        switch = self._switches.pop(component, None)
+        if switch is not None and component in self._offloaded:
+            switch.onload()
+        self._offloaded.discard(component)
+
+    def activate(self, component: str, workers: dict[str, Worker], mode: str, offload: str) -> None:
+        """Make ``component`` resident before it runs (no-op with one component or ``off``)."""
+        if len(workers) < 2 or mode == "off":
+            return
+        start = time.time()
+        moved, ratios = 0, []
+        for name, worker in workers.items():
+            if name == component or name in self._offloaded:
+                continue
+            if mode == "light":
+                worker.release_caches()
+                continue
+            switch = self._switch_for(name, worker, offload)
+            if switch is not None:
+                snapshot = switch.offload()
+                self._offloaded.add(name)
+                moved += snapshot.raw_bytes
+                ratios.append(snapshot.ratio)
+        if component in self._offloaded:
+            self._switches[component].onload()
+            self._offloaded.discard(component)
+        if moved or mode == "light":
+            seconds = time.time() - start
+            ratio = sum(ratios) / len(ratios) if ratios else 1.0
+            self.history.append((component, seconds, moved, ratio))
+            self.timeline.add(
+                f"switch to {component}",
+                "switch",
+                component,
+                start,
+                time.time(),
+                mode=mode,
+                bytes=moved,
+                ratio=round(ratio, 3),
+            )
+
+    def _switch_for(self, name: str, worker: Worker, offload: str) -> ModuleSwitch | None:
+        if name not in self._switches:
+            state: Any = worker.switch_state()
+            if state is None:
+                return None
+            module, optimizer = state if isinstance(state, tuple) else (state, None)
+            self._switches[name] = ModuleSwitch(module, optimizer, OffloadOptions(mode=offload), key=name)
+        return self._switches[name]
+
+    def is_resident(self, component: str) -> bool:
+        return component not in self._offloaded
