@@ -172,7 +172,7 @@ def test_signal_ends_every_rank_cleanly(tmp_path: Path, signum: int, code: int) 
         os.killpg(proc.pid, signal.SIGKILL)
         pytest.fail("job did not end within 30 s of the signal")
     assert proc.returncode == code, "".join(lines) + out
-    assert not survivors(pids, grace=15.0)
+    assert not survivors(pids, grace=15.0), out
     assert "Traceback" not in out
     assert f"received {signal.Signals(signum).name}: stopping every rank" in out
 
@@ -186,8 +186,9 @@ def test_signal_to_coordinator_alone_still_ends_job(tmp_path: Path) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         pytest.fail("job did not end within 30 s of signalling rank 0")
-    assert proc.returncode != 0
-    assert not survivors(pids, grace=15.0)
+    out = "".join(lines) + out
+    assert proc.returncode != 0, out
+    assert not survivors(pids, grace=15.0), out
     # rank 1 is busy in a 120 s call, so it cannot say goodbye: rank 0 names it and aborts.
     assert "rank 1 busy in alpha.sleep" in out, out
 
