@@ -105,14 +105,7 @@ def _coordinate(
         log.warning("--np %d ignored: the launcher started %d ranks", request.requested_ranks, control.size)
     outcome = "failed"
     try:
-        if run_dir:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            (run_dir / "config.toml").write_text(config_to_toml(config), encoding="utf-8")
-        flow = resolve_flow(config.flow.runner)
-        for component in config.components.values():
-            resolve_worker_class(component.worker)
-        for channel in config.channels.values():
-            resolve_policy(channel.policy)
+        flow = _prepare(config, run_dir)
         with timeline.span("placement", "phase", "coordinator"):
             placement = coordinator.start()
         events.write("placement", groups=placement.groups)
@@ -139,19 +132,37 @@ def _coordinate(
         coordinator.shutdown(2, "configuration error")
         raise
     except Exception as exc:  # noqa: BLE001 - report once, stop every rank, exit non-zero
-        if isinstance(exc, (WorkerError, CommTimeoutError)):
-            log.error("%s", describe_failure(exc))
-        else:  # a bug in the flow or in rlinf_hpc: its traceback is the useful part
-            log.error("%s", describe_failure(exc), exc_info=exc)
-        # After a timeout one rank is known to hang: do not wait long for it to say goodbye.
-        hung = isinstance(exc, CommTimeoutError)
-        coordinator.shutdown(1, "job failed", timeout=2.0 if hung else None)
-        return 1
+        return _fail(coordinator, exc)
     finally:
         events.write("end", outcome=outcome, wall_seconds=round(time.monotonic() - started, 3))
         events.close()
         if run_dir is not None and run_dir.is_dir():
             write_spans(timeline.drain() + coordinator.worker_spans, run_dir / "timeline.jsonl")
+
+
+def _prepare(config: Config, run_dir: Path | None) -> Any:
+    """Before any worker does anything: keep the resolved config, check every import path."""
+    if run_dir:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.toml").write_text(config_to_toml(config), encoding="utf-8")
+    flow = resolve_flow(config.flow.runner)
+    for component in config.components.values():
+        resolve_worker_class(component.worker)
+    for channel in config.channels.values():
+        resolve_policy(channel.policy)
+    return flow
+
+
+def _fail(coordinator: Coordinator, exc: Exception) -> int:
+    """Report a failure once and stop every rank; returns the exit code."""
+    if isinstance(exc, (WorkerError, CommTimeoutError)):
+        log.error("%s", describe_failure(exc))
+    else:  # a bug in the flow or in rlinf_hpc: its traceback is the useful part
+        log.error("%s", describe_failure(exc), exc_info=exc)
+    # After a timeout one rank is known to hang: do not wait long for it to say goodbye.
+    hung = isinstance(exc, CommTimeoutError)
+    coordinator.shutdown(1, "job failed", timeout=2.0 if hung else None)
+    return 1
 
 
 def _write_summary(run_dir: Path | None, outcome: str, started: float, result: Any) -> None:
