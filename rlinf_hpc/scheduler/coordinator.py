@@ -385,6 +385,4 @@ def describe_failure(exc: BaseException) -> str:
         return text
     if isinstance(exc, CommTimeoutError):
         return f"job failed: {exc}"
-    if isinstance(exc, UserError):
-        return str(exc)
     return f"job failed on rank 0 (coordinator): {type(exc).__name__}: {exc}"

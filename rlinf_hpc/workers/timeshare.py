@@ -81,6 +81,3 @@ class DeviceTimeShare:
             module, optimizer = state if isinstance(state, tuple) else (state, None)
             self._switches[name] = ModuleSwitch(module, optimizer, OffloadOptions(mode=offload), key=name)
         return self._switches[name]
-
-    def is_resident(self, component: str) -> bool:
-        return component not in self._offloaded
