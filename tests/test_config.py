@@ -204,3 +204,20 @@ def test_placement_mistakes(tmp_path: Path) -> None:
     ):
         load_config(write(tmp_path, overlap))
     load_config(write(tmp_path, overlap + '[placement]\nmode = "collocated"\n'))  # fine there
+
+
+def test_micro_batch_bounds_and_auto_mistakes(tmp_path: Path) -> None:
+    pinned = '[placement]\nmode = "auto"\n[components.b]\nworker = "pkg.mod:Cls"\nranks = [2]\n'
+    cases = {
+        "[pipeline]\nmin_micro_batch = 64\nmax_micro_batch = 16\n": "min_micro_batch (64) is larger than "
+        "max_micro_batch (16)",
+        "[pipeline]\nmicro_batch = 2\n": "micro_batch (2) must lie between min_micro_batch (8) and "
+        "max_micro_batch (256)",
+        "[pipeline]\nmemory_threshold = 1.5\n": "pipeline.memory_threshold",
+        pinned: "components ['b'] list explicit ranks",
+    }
+    for extra, message in cases.items():
+        with pytest.raises(UserError, match=re.escape(message)):
+            load_config(write(tmp_path, MINIMAL + extra))
+    config = load_config(write(tmp_path, MINIMAL + '[placement]\nmode = "auto"\n'))
+    assert config.placement_units() == [["a"]] and config.pipeline.micro_batch == 32

@@ -54,6 +54,8 @@ class Channel(ProducerSide, ConsumerSide):
         self._spec: ChannelSpec = channels[name]
         # producer side
         self._policy = resolve_policy(self._spec.policy)
+        if hasattr(self._policy, "producer_rank"):
+            self._policy.producer_rank = plane.rank
         self._views: dict[int, ConsumerView] = {}
         self._outstanding: dict[int, tuple[int, float]] = {}
         self._key_owner: dict[Any, int] = {}
@@ -160,6 +162,18 @@ class Channel(ProducerSide, ConsumerSide):
         self.plane.flush()
         for handle in handles:
             handle.wait(timeout)
+
+    def downstream_wait_s(self) -> float:
+        """Producer: the longest time any consumer has spent waiting for items so far (as
+        reported by its acknowledgements). A rising value means downstream starves."""
+        self._take_acks()
+        return max((v.waited_s for v in self._views.values()), default=0.0)
+
+    def retire(self) -> None:
+        """The channel is being removed: take in acknowledgements that arrived already, so they
+        do not linger on this rank."""
+        if self.is_producer:
+            self._take_acks()
 
     def qsize(self) -> int:
         """Items here and not yet taken (consumer) plus items out and unacknowledged (producer)."""

@@ -251,9 +251,9 @@ class ConsumerSide:
             return
         for producer, item_ids in self._acks.items():
             if producer == self.plane.rank:
-                self._apply_ack(producer, (item_ids, self._rate))
+                self._apply_ack(producer, (item_ids, self._rate, self._get_wait_s))
                 continue
-            self.plane.isend((item_ids, self._rate), producer, self._ack_tag)
+            self.plane.isend((item_ids, self._rate, self._get_wait_s), producer, self._ack_tag)
         self._acks = {}
         self._last_ack_flush = now
         self.plane.flush()

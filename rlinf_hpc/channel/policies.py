@@ -43,6 +43,8 @@ class ConsumerView:
     rate: float | None = None
     #: Static share for weighted round-robin (``consumer_weights`` in the config).
     share: float = 1.0
+    #: Seconds the consumer has spent waiting for items so far (its starvation).
+    waited_s: float = 0.0
 
 
 class LoadBalancePolicy:
@@ -91,11 +93,26 @@ class PerformanceAware(LoadBalancePolicy):
         return min(consumers, key=finish).index
 
 
+class LocalFirst(LoadBalancePolicy):
+    """The consumer on the producer's own rank (no copy, no transfer); otherwise the shortest
+    queue. Used between pipeline stages that share ranks. ``producer_rank`` is set by the
+    channel."""
+
+    producer_rank: int | None = None
+
+    def select_consumer(self, item: ItemInfo, consumers: list[ConsumerView]) -> int:
+        for c in consumers:
+            if c.rank == self.producer_rank:
+                return c.index
+        return ShortestQueue().select_consumer(item, consumers)
+
+
 BUILTIN_POLICIES: dict[str, type[LoadBalancePolicy]] = {
     "weighted_round_robin": WeightedRoundRobin,
     "round_robin": WeightedRoundRobin,
     "shortest_queue": ShortestQueue,
     "performance_aware": PerformanceAware,
+    "local_first": LocalFirst,
 }
 
 

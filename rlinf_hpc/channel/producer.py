@@ -147,7 +147,7 @@ class ProducerSide:
         return got
 
     def _apply_ack(self, acker: int, ack: tuple) -> None:
-        item_ids, rate = ack
+        item_ids, rate, waited = ack
         served_by = self._views.get(acker)
         for item_id in item_ids:
             assigned, weight = self._outstanding.pop(item_id, (None, 0.0))
@@ -158,8 +158,10 @@ class ProducerSide:
             if served_by is not None:
                 served_by.served_items += 1
                 served_by.served_weight += weight
-        if served_by is not None and rate:
-            served_by.rate = rate
+        if served_by is not None:
+            served_by.waited_s = max(served_by.waited_s, waited)
+            if rate:
+                served_by.rate = rate
 
     def close(self) -> None:
         """This producer is done: every consumer gets end-of-stream after its last item."""

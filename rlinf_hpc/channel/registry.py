@@ -49,3 +49,5 @@ def _follow(plane: DataPlane, old: Directory, new: Directory) -> None:
             if before is None:
                 continue  # created from the new directory already
         channels[name].on_directory_change(before, after)
+        if after is None:  # removed from the job (e.g. a finished pipeline step's stream)
+            channels.pop(name).retire()

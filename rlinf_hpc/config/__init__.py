@@ -8,6 +8,7 @@ from rlinf_hpc.config.schema import (
     FlowConfig,
     HelloConfig,
     JobConfig,
+    PipelineConfig,
     PlacementConfig,
 )
 
@@ -18,6 +19,7 @@ __all__ = [
     "FlowConfig",
     "HelloConfig",
     "JobConfig",
+    "PipelineConfig",
     "PlacementConfig",
     "config_from_dict",
     "config_to_toml",

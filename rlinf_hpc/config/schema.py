@@ -142,11 +142,14 @@ class ChannelConfig(_Section):
 class PlacementConfig(_Section):
     """[placement]: how components share worker ranks."""
 
-    mode: Literal["disaggregated", "collocated", "hybrid"] = Field(
+    mode: Literal["disaggregated", "collocated", "hybrid", "auto"] = Field(
         "disaggregated",
         description="`disaggregated`: every component on ranks of its own (they pipeline); "
         "`collocated`: all components on the same ranks (they take turns); `hybrid`: the "
-        "components of each entry of `groups` share ranks, groups are disjoint.",
+        "components of each entry of `groups` share ranks, groups are disjoint; `auto`: start "
+        "collocated on every worker rank, measure the phases of the flow's Pipeline for "
+        "`auto_warmup_steps` steps, then keep collocated or split the ranks between the stages, "
+        "whichever the cost model predicts faster (components' num_ranks is ignored).",
     )
     groups: list[list[str]] = Field(
         default_factory=list,
@@ -164,6 +167,58 @@ class PlacementConfig(_Section):
         description="How a full switch stores state in host memory: raw copies, or zstd plain, "
         "with byte planes, or as an XOR delta against the previous snapshot.",
     )
+    auto_warmup_steps: int = Field(
+        2,
+        ge=1,
+        le=100,
+        description="For `auto`: pipeline steps run collocated to measure phase and switch times "
+        "before the choice (the last one is measured; the first pays one-off switches).",
+    )
+
+
+class PipelineConfig(_Section):
+    """[pipeline]: micro-batches of a Pipeline's stages (the elastic micro flow)."""
+
+    micro_batch: int = Field(
+        32, ge=1, description="Items a stage takes from its input per micro-batch at the start."
+    )
+    min_micro_batch: int = Field(8, ge=1, description="Smallest micro-batch the elastic sizing uses.")
+    max_micro_batch: int = Field(256, ge=1, description="Largest micro-batch the elastic sizing uses.")
+    elastic: bool = Field(
+        True,
+        description="Adapt the micro-batch: halve while the downstream stage waits on this one "
+        "longer than `wait_threshold_s`, double while memory use is above `memory_threshold`.",
+    )
+    wait_threshold_s: float = Field(
+        0.05, gt=0, description="Downstream waiting longer than this per micro-batch halves it."
+    )
+    memory_threshold: float = Field(
+        0.85,
+        gt=0,
+        le=1,
+        description="Device memory in use (host memory on CPU ranks) above this fraction doubles "
+        "the micro-batch.",
+    )
+    capacity: int = Field(
+        64,
+        ge=1,
+        description="Items in flight between two stages on different ranks before the upstream "
+        "stage waits (backpressure). Stages sharing ranks run one after the other: unbounded.",
+    )
+
+    @model_validator(mode="after")
+    def _check_sizes(self) -> PipelineConfig:
+        if self.min_micro_batch > self.max_micro_batch:
+            raise ValueError(
+                f"min_micro_batch ({self.min_micro_batch}) is larger than max_micro_batch "
+                f"({self.max_micro_batch}); lower the minimum or raise the maximum"
+            )
+        if not self.min_micro_batch <= self.micro_batch <= self.max_micro_batch:
+            raise ValueError(
+                f"micro_batch ({self.micro_batch}) must lie between min_micro_batch "
+                f"({self.min_micro_batch}) and max_micro_batch ({self.max_micro_batch})"
+            )
+        return self
 
 
 class FlowConfig(_Section):
@@ -171,8 +226,12 @@ class FlowConfig(_Section):
 
     runner: str = Field(
         "hello",
-        description="Built-in flow name (`hello`) or an import path `package.module:function` "
-        "taking a rlinf_hpc.scheduler.Coordinator.",
+        description="Built-in flow name (`hello`, `toy_pipeline`) or an import path "
+        "`package.module:function` taking a rlinf_hpc.scheduler.Coordinator.",
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Free-form parameters of the flow (`coordinator.config.flow.options`).",
     )
 
 
@@ -196,6 +255,9 @@ class Config(_Section):
         default_factory=PlacementConfig, description="How components share worker ranks."
     )
     flow: FlowConfig = Field(default_factory=FlowConfig, description="The macro flow.")
+    pipeline: PipelineConfig = Field(
+        default_factory=PipelineConfig, description="Micro-batching of pipelined stages."
+    )
     hello: HelloConfig = Field(default_factory=HelloConfig, description="The built-in hello flow.")
 
     @field_validator("components")
@@ -243,6 +305,13 @@ class Config(_Section):
                 if name in seen:
                     raise ValueError(f"placement.groups lists component '{name}' twice")
                 seen.add(name)
+        if mode == "auto":
+            pinned = [name for name, c in self.components.items() if c.ranks is not None]
+            if pinned:
+                raise ValueError(
+                    f'placement.mode = "auto" decides the ranks itself, but components {pinned} '
+                    "list explicit ranks; remove `ranks` or pick a manual mode"
+                )
         if mode == "disaggregated":
             owner: dict[int, str] = {}
             for name, component in self.components.items():
@@ -259,7 +328,7 @@ class Config(_Section):
     def placement_units(self) -> list[list[str]]:
         """Components that share ranks, one list per set of ranks (see [placement])."""
         mode = self.placement.mode
-        if mode == "collocated":
+        if mode in ("collocated", "auto"):
             return [list(self.components)]
         if mode == "hybrid":
             grouped = {name for group in self.placement.groups for name in group}

@@ -8,7 +8,10 @@ from typing import Any
 from rlinf_hpc.errors import UserError
 from rlinf_hpc.imports import import_path
 
-BUILTIN_FLOWS = {"hello": "rlinf_hpc.runners.hello:hello_flow"}
+BUILTIN_FLOWS = {
+    "hello": "rlinf_hpc.runners.hello:hello_flow",
+    "toy_pipeline": "rlinf_hpc.runners.toy:toy_pipeline_flow",
+}
 
 Flow = Callable[[Any], Any]
 

@@ -3,6 +3,7 @@
 from rlinf_hpc.scheduler.coordinator import Coordinator, describe_failure
 from rlinf_hpc.scheduler.futures import CallFuture, GroupFuture
 from rlinf_hpc.scheduler.group import ComponentGroup
+from rlinf_hpc.scheduler.pipeline import Pipeline, StepResult
 from rlinf_hpc.scheduler.placement import Placement, effective_device, placement_rows, plan_placement
 
 __all__ = [
@@ -10,7 +11,9 @@ __all__ = [
     "ComponentGroup",
     "Coordinator",
     "GroupFuture",
+    "Pipeline",
     "Placement",
+    "StepResult",
     "describe_failure",
     "effective_device",
     "placement_rows",

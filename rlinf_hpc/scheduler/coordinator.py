@@ -13,6 +13,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from rlinf_hpc.channel import Channel, channel_for
 from rlinf_hpc.cluster import RankSlot
 from rlinf_hpc.comm import COORDINATOR_RANK, Backoff, ControlPlane, DataPlane, Directory, abort, poll_until
 from rlinf_hpc.config import Config, config_from_dict
@@ -131,8 +132,23 @@ class Coordinator:
         """Declare a channel while the job runs (as if it were under ``[channels.NAME]``);
         every rank learns it before this returns. ``options``: policy, capacity, ...
         A bad declaration raises `UserError` saying which key is wrong."""
-        self._declare_channel(name, {"producers": producers, "consumers": consumers, **options})
+        self.update_channels({name: {"producers": producers, "consumers": consumers, **options}})
+
+    def update_channels(self, add: Mapping[str, dict[str, Any]], remove: Iterable[str] = ()) -> None:
+        """Remove channels and declare new ones with one directory update (one round trip to
+        every rank). Removed channels must be finished: items still queued are dropped."""
+        for name in remove:
+            if self._channels.pop(name, None) is None:
+                raise KeyError(f"no channel '{name}' to remove")
+        for name, spec in add.items():
+            self._declare_channel(name, spec)
         self._publish_directory(self.placement.groups)
+
+    def channel(self, name: str) -> Channel:
+        """The coordinator's handle on channel ``name`` (it may produce into it)."""
+        if self.comm is None:
+            raise RuntimeError("this coordinator has no data plane")
+        return channel_for(self.comm, name)
 
     def _declare_channel(self, name: str, spec: dict[str, Any]) -> None:
         if name in self._channels:

@@ -35,6 +35,10 @@ class CallFuture:
         """True once the worker's reply has arrived (success or error)."""
         return self._reply is not None
 
+    def failed(self) -> bool:
+        """True once an error reply has arrived."""
+        return self._reply is not None and not self._reply.ok
+
     def describe(self) -> str:
         """``component.method on rank N (call #id)`` for messages."""
         return f"{self.component}.{self.method} on rank {self.rank} (call #{self.call_id})"

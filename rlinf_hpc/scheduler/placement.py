@@ -79,6 +79,8 @@ def plan_placement(config: Config, slots: list[RankSlot]) -> Placement:
             f"({', '.join(config.components)}) need {needed - 1} worker rank(s). "
             f"{_how_to_get_ranks(needed)}"
         )
+    if config.placement.mode == "auto":  # warm-up: everyone everywhere; Pipeline decides later
+        return _plan_auto(config, worker_slots)
     groups: dict[str, list[int]] = {}
     taken: set[int] = set()
     for name, component in config.components.items():
@@ -118,6 +120,19 @@ def plan_placement(config: Config, slots: list[RankSlot]) -> Placement:
         taken.update(unit_ranks)
     ordered = {name: groups[name] for name in config.components}
     return Placement(ordered)
+
+
+def _plan_auto(config: Config, worker_slots: dict[int, RankSlot]) -> Placement:
+    groups = {}
+    for name, component in config.components.items():
+        usable = [r for r in sorted(worker_slots) if _fits(component, worker_slots[r])]
+        if not usable:
+            raise UserError(
+                f"component '{name}' has device = \"gpu\" but no worker rank sees a GPU. Ask SLURM "
+                f'for GPUs (e.g. `sbatch --gpus-per-task=1`) or set components.{name}.device = "cpu".'
+            )
+        groups[name] = usable
+    return Placement(groups)
 
 
 def channel_specs(

@@ -23,6 +23,8 @@ from typing import Any
 from rlinf_hpc.channel import Channel, channel_for
 from rlinf_hpc.comm import DataPlane, GroupComm, live_group_comms
 from rlinf_hpc.log import get_logger
+from rlinf_hpc.workers.memory import device_memory_fraction
+from rlinf_hpc.workers.stage import StageSpec, run_stage
 
 
 class Worker:
@@ -37,6 +39,8 @@ class Worker:
     #: The rank's data plane: send/recv/collectives to any worker by (component, rank).
     comm: DataPlane
     log: logging.Logger
+    #: Seconds the context switch before the current command took (0.0 when none ran).
+    last_switch_s: float = 0.0
 
     def _bind(
         self,
@@ -105,6 +109,12 @@ class Worker:
     def release_caches(self) -> None:
         """Free transient buffers and caches (a light switch); weights stay."""
 
+    def memory_fraction(self) -> float:
+        """Fraction of this rank's device memory in use (host memory on CPU ranks); the
+        elastic micro-batch grows above ``pipeline.memory_threshold``. Override to report
+        what matters to the component (e.g. KV-cache fill)."""
+        return device_memory_fraction(self.device)
+
     def on_regroup(self) -> None:
         """Called after a re-partition changed this worker's group (``self.group`` is new)."""
 
@@ -123,6 +133,11 @@ class Worker:
             "hostname": socket.gethostname(),
             "device": self.device,
         }
+
+    def run_stage(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """Run one pipeline stage on this rank (sent by `rlinf_hpc.scheduler.Pipeline`): call
+        ``spec["method"]`` on micro-batches from the input channel until it ends."""
+        return run_stage(self, StageSpec(**spec))
 
     def channel_stats(self, name: str) -> dict[str, Any]:
         """`Channel.stats` of channel ``name`` on this rank (for the flow to record)."""

@@ -107,7 +107,7 @@ class WorkerService:
         if worker is None:
             raise RuntimeError(f"rank {self.rank} hosts no component '{command.component}'")
         mode, offload = self._switch_settings.get(command.component, ("off", "none"))
-        self.timeshare.activate(command.component, self.workers, mode, offload)
+        worker.last_switch_s = self.timeshare.activate(command.component, self.workers, mode, offload)
         method = getattr(worker, command.method, None)
         if method is None or not callable(method):
             raise AttributeError(

@@ -37,10 +37,11 @@ class DeviceTimeShare:
             switch.onload()
         self._offloaded.discard(component)
 
-    def activate(self, component: str, workers: dict[str, Worker], mode: str, offload: str) -> None:
-        """Make ``component`` resident before it runs (no-op with one component or ``off``)."""
+    def activate(self, component: str, workers: dict[str, Worker], mode: str, offload: str) -> float:
+        """Make ``component`` resident before it runs (no-op with one component or ``off``).
+        Returns the seconds the switch took."""
         if len(workers) < 2 or mode == "off":
-            return
+            return 0.0
         start = time.time()
         moved, ratios = 0, []
         for name, worker in workers.items():
@@ -55,11 +56,13 @@ class DeviceTimeShare:
                 self._offloaded.add(name)
                 moved += snapshot.raw_bytes
                 ratios.append(snapshot.ratio)
-        if component in self._offloaded:
+        onloaded = component in self._offloaded
+        if onloaded:
             self._switches[component].onload()
             self._offloaded.discard(component)
-        if moved or mode == "light":
-            seconds = time.time() - start
+        seconds = time.time() - start
+        switched = bool(moved) or onloaded or mode == "light"
+        if switched:
             ratio = sum(ratios) / len(ratios) if ratios else 1.0
             self.history.append((component, seconds, moved, ratio))
             self.timeline.add(
@@ -72,6 +75,7 @@ class DeviceTimeShare:
                 bytes=moved,
                 ratio=round(ratio, 3),
             )
+        return seconds if switched else 0.0
 
     def _switch_for(self, name: str, worker: Worker, offload: str) -> ModuleSwitch | None:
         if name not in self._switches:

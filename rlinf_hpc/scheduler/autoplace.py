@@ -1,0 +1,114 @@
+"""``placement.mode = "auto"``: measure a short collocated warm-up, ask the cost model, move.
+
+The job starts with every component on every worker rank. After ``auto_warmup_steps`` pipeline
+steps, each stage's measured seconds per item (busy time over items, per rank) and switch time
+become a `PhaseProfile`; `cost_model.predict` compares collocated against a disaggregated split
+of the worker ranks in proportion to the stages' work. If disaggregated wins, the coordinator
+re-partitions (ranks leave the components they no longer host, their state is torn down). The
+choice is logged and recorded with both predictions, and after the next step with the measured
+step time next to the predicted one.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from rlinf_hpc.log import get_logger
+from rlinf_hpc.scheduler.cost_model import PhaseProfile, Prediction, predict
+
+if TYPE_CHECKING:
+    from rlinf_hpc.scheduler.coordinator import Coordinator
+    from rlinf_hpc.scheduler.pipeline import Pipeline, StepResult
+
+log = get_logger("auto")
+
+
+def profiles_from_step(pipeline: Pipeline, result: StepResult) -> list[PhaseProfile]:
+    """One profile per stage from what its ranks measured in ``result``."""
+    profiles = []
+    for stage, replies in zip(pipeline.stages, result.per_rank, strict=True):
+        items = sum(r["items"] for r in replies)
+        busy = sum(r["busy_s"] for r in replies)
+        switch = sum(r["switch_s"] for r in replies) / max(1, len(replies))
+        profiles.append(PhaseProfile(stage.component, busy / max(1, items), 0.0, switch))
+    return profiles
+
+
+class AutoPlacement:
+    """The auto mode's state for one pipeline: warming up, then decided."""
+
+    def __init__(self, coordinator: Coordinator) -> None:
+        self.coordinator = coordinator
+        self.warmup_steps = coordinator.config.placement.auto_warmup_steps
+        self.steps = 0
+        self.choice: str | None = None
+        self.prediction: Prediction | None = None
+        self.measured_s: float | None = None
+
+    @property
+    def label(self) -> str:
+        return f"auto:{self.choice}" if self.choice else "auto:warm-up (collocated)"
+
+    @property
+    def predicted_s(self) -> float | None:
+        if self.prediction is None:
+            return None
+        return getattr(self.prediction, self.choice or "collocated")
+
+    def after_step(self, pipeline: Pipeline, result: StepResult, num_items: int) -> None:
+        self.steps += 1
+        if self.choice is None:
+            if self.steps >= self.warmup_steps:
+                self._decide(pipeline, result, num_items)
+            return
+        if self.measured_s is None:
+            self.measured_s = result.seconds
+            predicted = self.predicted_s or 0.0
+            error = 100 * (result.seconds - predicted) / max(predicted, 1e-9)
+            log.info(
+                "auto: %s step predicted %.3f s, measured %.3f s (%+.0f%%)",
+                self.choice, predicted, result.seconds, error,
+            )  # fmt: skip
+            self.coordinator.record(
+                "auto_placement_measured",
+                choice=self.choice,
+                predicted_s=predicted,
+                measured_s=result.seconds,
+            )
+
+    def _decide(self, pipeline: Pipeline, result: StepResult, num_items: int) -> None:
+        profiles = profiles_from_step(pipeline, result)
+        ranks = list(self.coordinator.worker_ranks)
+        micro_batch = self.coordinator.config.pipeline.micro_batch
+        prediction = predict(profiles, num_items, micro_batch, len(ranks))
+        self.prediction, self.choice = prediction, prediction.choice
+        log.info(
+            "auto: warm-up step %.3f s; predicted collocated %.3f s, disaggregated %.3f s %s -> %s",
+            result.seconds, prediction.collocated, prediction.disaggregated,
+            prediction.ranks_per_phase or "", prediction.choice,
+        )  # fmt: skip
+        self.coordinator.record(
+            "auto_placement",
+            choice=prediction.choice,
+            warmup_step_s=result.seconds,
+            predicted_collocated_s=prediction.collocated,
+            predicted_disaggregated_s=prediction.disaggregated,
+            ranks_per_phase=prediction.ranks_per_phase,
+            profiles=[_profile_fields(p) for p in profiles],
+        )
+        if prediction.choice == "disaggregated":
+            pipeline.close()  # finished streams must not follow the ranks around
+            groups, start = {}, 0
+            for profile in profiles:
+                count = prediction.ranks_per_phase[profile.name]
+                groups[profile.name] = ranks[start : start + count]
+                start += count
+            self.coordinator.repartition(groups)
+
+
+def _profile_fields(profile: PhaseProfile) -> dict[str, Any]:
+    return {
+        "name": profile.name,
+        "seconds_per_item": profile.seconds_per_item,
+        "switch_seconds": profile.switch_seconds,
+    }

@@ -1,0 +1,234 @@
+"""`Pipeline`: the macro flow's stages, run as a micro flow of pipelined micro-batches.
+
+The flow names its stages once (component + method) and calls `run(items)` per step; that is
+the whole macro flow. Each step, the runtime links consecutive stages by channels, starts every
+stage on every rank of its component (`Worker.run_stage`), feeds the items from the
+coordinator and collects the last stage's outputs. What happens in between depends only on the
+placement in the config, never on the flow::
+
+    pipe = Pipeline(coordinator, "toy")
+    pipe.stage("rollout", "generate").stage("reward", "score").stage("actor", "learn", finish="step")
+    for step in range(10):
+        result = pipe.run(prompts)          # same code for every placement
+
+* Stages on disjoint ranks run at the same time; micro-batches stream through bounded channels
+  (backpressure) balanced over the consumer ranks.
+* Stages sharing ranks run one after the other on those ranks (a rank executes its commands in
+  order: that is the device lock), each switched in by the rank's time-share; their stream is
+  unbounded and local-first, so data stays on the rank that produced it.
+* ``placement.mode = "auto"`` runs the first ``auto_warmup_steps`` steps collocated, builds a
+  `PhaseProfile` per stage from what the ranks measured, asks the cost model, re-partitions if
+  disaggregated wins, and logs the predicted step time next to the measured one.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from rlinf_hpc.channel import ChannelFull
+from rlinf_hpc.comm import Backoff
+from rlinf_hpc.errors import CommTimeoutError
+from rlinf_hpc.log import get_logger
+from rlinf_hpc.scheduler.autoplace import AutoPlacement
+from rlinf_hpc.workers.stage import StageSpec
+
+if TYPE_CHECKING:
+    from rlinf_hpc.scheduler.coordinator import Coordinator
+
+log = get_logger("pipeline")
+
+#: Capacity of a stream whose consumers wait for earlier stages on their own ranks.
+UNBOUNDED = 1_000_000
+
+
+@dataclass(frozen=True)
+class Stage:
+    component: str
+    method: str
+    finish: str | None = None
+    weight_key: str | None = None
+
+
+@dataclass
+class StepResult:
+    """What one `Pipeline.run` produced and measured."""
+
+    step: int
+    #: The last stage's outputs, rank by rank (order within a rank is arrival order).
+    outputs: list[Any]
+    #: Component -> the ``finish`` method's value on each of its ranks.
+    finished: dict[str, list[Any]]
+    seconds: float
+    placement: str
+    #: One summary per stage: items, micro-batch sizes, elastic changes, busy/wait/switch.
+    stages: list[dict[str, Any]] = field(default_factory=list)
+    #: Per stage and rank, what `run_stage` returned (without outputs).
+    per_rank: list[list[dict[str, Any]]] = field(default_factory=list)
+
+
+class Pipeline:
+    """Stages of a macro flow; `run` executes one step of them on the current placement."""
+
+    def __init__(self, coordinator: Coordinator, name: str = "pipeline") -> None:
+        self.coordinator = coordinator
+        self.name = name
+        self.stages: list[Stage] = []
+        self._step = 0
+        self._streams: list[str] = []
+        self._auto = AutoPlacement(coordinator) if coordinator.config.placement.mode == "auto" else None
+
+    def stage(
+        self, component: str, method: str, finish: str | None = None, weight_key: str | None = None
+    ) -> Pipeline:
+        """Append a stage: ``component``'s ``method(batch) -> outputs`` on every micro-batch;
+        ``finish()`` once after its input ended (its value lands in `StepResult.finished`)."""
+        if component not in self.coordinator.placement.groups:
+            raise KeyError(
+                f"pipeline '{self.name}': no component '{component}'; the job has "
+                f"{', '.join(self.coordinator.placement.groups)}"
+            )
+        if any(s.component == component for s in self.stages):
+            raise ValueError(f"pipeline '{self.name}': component '{component}' is a stage already")
+        self.stages.append(Stage(component, method, finish, weight_key))
+        return self
+
+    @property
+    def placement_label(self) -> str:
+        if self._auto is not None:
+            return self._auto.label
+        return self.coordinator.config.placement.mode
+
+    def run(self, items: list[Any], weights: list[float] | None = None) -> StepResult:
+        """One step: feed ``items`` to the first stage and wait for every stage to finish."""
+        if not self.stages:
+            raise ValueError(f"pipeline '{self.name}' has no stages; add them with stage()")
+        if not items:
+            raise ValueError(f"pipeline '{self.name}': run() needs at least one item")
+        self._step += 1
+        result = self._run_step(items, weights)
+        if self._auto is not None:
+            self._auto.after_step(self, result, len(items))
+        self.coordinator.record(
+            "pipeline_step", pipeline=self.name, step=result.step, seconds=result.seconds,
+            placement=result.placement, items=len(items), stages=result.stages,
+        )  # fmt: skip
+        return result
+
+    def close(self) -> None:
+        """Remove the last step's streams (the job's end does it too)."""
+        if self._streams:
+            self.coordinator.update_channels({}, remove=self._streams)
+            self._streams = []
+
+    # -- one step ------------------------------------------------------------------------------
+    def _stream_specs(self, names: list[str]) -> dict[str, dict[str, Any]]:
+        placement = self.coordinator.placement
+        config = self.coordinator.config.pipeline
+        specs = {}
+        earlier: set[int] = set()
+        for index, stage in enumerate(self.stages):
+            consumers = set(placement.ranks_of(stage.component))
+            producer = "coordinator" if index == 0 else self.stages[index - 1].component
+            waits_on_rank = bool(consumers & earlier)  # its ranks run an earlier stage first
+            specs[names[index]] = {
+                "producers": producer,
+                "consumers": stage.component,
+                "policy": "local_first" if waits_on_rank else "performance_aware",
+                "capacity": UNBOUNDED if waits_on_rank else config.capacity,
+            }
+            earlier |= consumers
+        return specs
+
+    def _run_step(self, items: list[Any], weights: list[float] | None) -> StepResult:
+        coordinator = self.coordinator
+        config = coordinator.config.pipeline
+        names = [f"{self.name}.step{self._step}.{i}" for i in range(len(self.stages))]
+        coordinator.update_channels(self._stream_specs(names), remove=self._streams)
+        self._streams = names
+        start = time.monotonic()
+        futures = []
+        for index, stage in enumerate(self.stages):
+            spec = StageSpec(
+                stage.method,
+                names[index],
+                names[index + 1] if index + 1 < len(names) else None,
+                stage.finish,
+                config.micro_batch,
+                config.min_micro_batch,
+                config.max_micro_batch,
+                config.elastic,
+                config.wait_threshold_s,
+                config.memory_threshold,
+                stage.weight_key,
+            )
+            futures.append(coordinator.group(stage.component).call("run_stage", spec.as_dict()))
+        self._feed(names[0], items, weights, futures)
+        replies = [future.result() for future in futures]
+        seconds = time.monotonic() - start
+        outputs = [x for reply in replies[-1] for x in reply.pop("outputs")]
+        for stage_replies in replies[:-1]:
+            for reply in stage_replies:
+                reply.pop("outputs")
+        finished = {
+            stage.component: [r["finish"] for r in stage_replies]
+            for stage, stage_replies in zip(self.stages, replies, strict=True)
+            if stage.finish
+        }
+        return StepResult(
+            self._step,
+            outputs,
+            finished,
+            seconds,
+            self.placement_label,
+            [_summarize(stage, rs) for stage, rs in zip(self.stages, replies, strict=True)],
+            [[{k: v for k, v in r.items() if k != "finish"} for r in rs] for rs in replies],
+        )
+
+    def _feed(self, name: str, items: list[Any], weights: list[float] | None, futures: list[Any]) -> None:
+        """Put the items into the first stream without blocking the coordinator's duties: while
+        the stream is full it keeps routing replies, and a failed stage stops the feed."""
+        channel = self.coordinator.channel(name)
+        weights = weights or [1.0] * len(items)
+        if len(weights) != len(items):
+            raise ValueError(f"pipeline '{self.name}': {len(items)} items but {len(weights)} weights")
+        backoff = Backoff()
+        timeout = self.coordinator.config.job.call_timeout_s
+        for item, weight in zip(items, weights, strict=True):
+            waiting_since = time.monotonic()
+            while True:
+                try:
+                    channel.put(item, weight, block=False)
+                    backoff.reset()
+                    break
+                except ChannelFull:
+                    self.coordinator.pump()
+                    for group in futures:
+                        if any(f.failed() for f in group.futures):
+                            group.result()  # raises the stage's error
+                    if time.monotonic() - waiting_since > timeout:
+                        raise CommTimeoutError(
+                            f"pipeline '{self.name}': the first stage "
+                            f"({self.stages[0].component}.{self.stages[0].method}) took no item "
+                            f"for {timeout:.0f} s (job.call_timeout_s)"
+                        ) from None
+                    backoff.sleep()
+        channel.close()
+
+
+def _summarize(stage: Stage, replies: list[dict[str, Any]]) -> dict[str, Any]:
+    sizes = [size for r in replies for size in r["micro_batches"]]
+    return {
+        "component": stage.component,
+        "method": stage.method,
+        "items": sum(r["items"] for r in replies),
+        "micro_batches": len(sizes),
+        "micro_batch_sizes": sizes,
+        "mean_micro_batch": sum(sizes) / len(sizes) if sizes else 0.0,
+        "elastic_changes": [dict(c, rank=r["rank"]) for r in replies for c in r["changes"]],
+        "busy_s": sum(r["busy_s"] for r in replies),
+        "wait_s": sum(r["wait_s"] for r in replies),
+        "switch_s": sum(r["switch_s"] for r in replies),
+        "ranks": [r["rank"] for r in replies],
+    }

@@ -1,0 +1,120 @@
+"""The micro flow on a worker rank: one pipeline stage, micro-batch by micro-batch.
+
+`run_stage` takes micro-batches from the stage's input channel, calls the worker's method on
+each (``method(batch) -> outputs``), puts the outputs into the output channel (or keeps them to
+return when the stage is the last), and closes its output after the input ended. The
+micro-batch size is elastic (`rlinf_hpc.scheduler.elastic.ElasticBatching`): it halves while
+the downstream stage waits on this one and doubles under memory pressure; every change is
+logged with its reason and returned with the sizes. Each micro-batch is a timeline span.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from rlinf_hpc.channel import EndOfStream
+from rlinf_hpc.scheduler.elastic import ElasticBatching
+
+if TYPE_CHECKING:
+    from rlinf_hpc.workers.base import Worker
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """What one stage does on every rank of its component (sent by `Pipeline`)."""
+
+    method: str
+    source: str
+    sink: str | None = None
+    #: Worker method called once after the input ended; its value is returned.
+    finish: str | None = None
+    micro_batch: int = 32
+    min_micro_batch: int = 8
+    max_micro_batch: int = 256
+    elastic: bool = True
+    wait_threshold_s: float = 0.05
+    memory_threshold: float = 0.85
+    #: Item weight for the output channel: a key of dict outputs holding a number or a
+    #: sequence (its length), or None for weight 1.
+    weight_key: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _weight(item: Any, key: str | None) -> float:
+    if key is None or not isinstance(item, dict) or key not in item:
+        return 1.0
+    value = item[key]
+    return float(value) if isinstance(value, (int, float)) else float(len(value))
+
+
+def run_stage(worker: Worker, spec: StageSpec) -> dict[str, Any]:
+    """Run the stage on this rank until its input ends; returns what happened (and outputs)."""
+    method = getattr(worker, spec.method, None)
+    if method is None or not callable(method) or spec.method.startswith("_"):
+        name = type(worker).__name__
+        raise AttributeError(f"{name} has no public method '{spec.method}' to run as a stage")
+    source = worker.channel(spec.source)
+    sink = worker.channel(spec.sink) if spec.sink else None
+    carried = worker.__dict__.setdefault("_stage_sizes", {})  # sizes carry over between steps
+    batching = ElasticBatching(
+        spec.min_micro_batch,
+        spec.max_micro_batch,
+        carried.get(spec.method, spec.micro_batch) if spec.elastic else spec.micro_batch,
+        spec.wait_threshold_s,
+        spec.memory_threshold,
+    )
+    outputs: list[Any] = []
+    sizes: list[int] = []
+    changes: list[dict[str, Any]] = []
+    busy_s = wait_s = 0.0
+    downstream_seen = 0.0
+    hook = worker.comm.span_hook
+    while True:
+        asked = time.monotonic()
+        try:
+            batch = source.get_batch(max_items=batching.size)
+        except EndOfStream:
+            wait_s += time.monotonic() - asked
+            break
+        started = time.monotonic()
+        wait_s += started - asked
+        wall_start = time.time()
+        produced = method(batch)
+        busy_s += time.monotonic() - started
+        if hook is not None:
+            name = f"{worker.component}.{spec.method}"
+            hook(name, "micro-batch", worker.component, wall_start, time.time(), items=len(batch))
+        sizes.append(len(batch))
+        if produced is not None:
+            produced = list(produced)
+            if sink is not None:
+                sink.put_batch(produced, [_weight(x, spec.weight_key) for x in produced])
+            else:
+                outputs.extend(produced)
+        if spec.elastic:
+            downstream = sink.downstream_wait_s() if sink is not None else 0.0
+            size, reason = batching.update(downstream - downstream_seen, worker.memory_fraction())
+            downstream_seen = downstream
+            if reason is not None:
+                worker.log.info("micro-batch of %s: %s", spec.method, reason)
+                changes.append({"after_micro_batch": len(sizes), "size": size, "reason": reason})
+    carried[spec.method] = batching.size
+    if sink is not None:
+        sink.close()
+    finished = getattr(worker, spec.finish)() if spec.finish else None
+    return {
+        "rank": worker.rank,
+        "component": worker.component,
+        "items": sum(sizes),
+        "micro_batches": sizes,
+        "changes": changes,
+        "busy_s": busy_s,
+        "wait_s": wait_s,
+        "switch_s": worker.last_switch_s,
+        "outputs": outputs,
+        "finish": finished,
+    }
