@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from rlinf_hpc.config.rl import GRPOConfig, ModelConfig, SFTConfig, TaskConfig
+
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _COMPONENT_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
 
@@ -259,6 +261,10 @@ class Config(_Section):
         default_factory=PipelineConfig, description="Micro-batching of pipelined stages."
     )
     hello: HelloConfig = Field(default_factory=HelloConfig, description="The built-in hello flow.")
+    task: TaskConfig = Field(default_factory=TaskConfig, description="RL jobs: problems and verifier.")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="RL jobs: the policy model.")
+    sft: SFTConfig = Field(default_factory=SFTConfig, description="RL jobs: supervised warm start.")
+    grpo: GRPOConfig = Field(default_factory=GRPOConfig, description="RL jobs: the GRPO loop.")
 
     @field_validator("components")
     @classmethod
@@ -323,6 +329,27 @@ class Config(_Section):
                             'own; use "collocated" or "hybrid" to share ranks'
                         )
                     owner[rank] = name
+        return self
+
+    @model_validator(mode="after")
+    def _check_rl_batches(self) -> Config:
+        actor = self.components.get("actor")
+        if self.flow.runner != "math_grpo" or actor is None or self.placement.mode == "auto":
+            return self
+        samples = self.grpo.prompts_per_step * self.grpo.group_size
+        shares = actor.num_ranks * self.grpo.minibatches
+        if samples % shares:
+            raise ValueError(
+                f"grpo.prompts_per_step x grpo.group_size = {samples} samples per step cannot be "
+                f"split evenly over {actor.num_ranks} actor rank(s) x {self.grpo.minibatches} "
+                "minibatch(es); every rank must take the same number of samples per optimizer step "
+                "(DDP). Change prompts_per_step, group_size, minibatches or components.actor.num_ranks"
+            )
+        if self.sft.steps and self.sft.batch_size % actor.num_ranks:
+            raise ValueError(
+                f"sft.batch_size = {self.sft.batch_size} cannot be split evenly over "
+                f"{actor.num_ranks} actor rank(s); make it a multiple of components.actor.num_ranks"
+            )
         return self
 
     def placement_units(self) -> list[list[str]]:

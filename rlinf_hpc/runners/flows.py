@@ -11,6 +11,7 @@ from rlinf_hpc.imports import import_path
 BUILTIN_FLOWS = {
     "hello": "rlinf_hpc.runners.hello:hello_flow",
     "toy_pipeline": "rlinf_hpc.runners.toy:toy_pipeline_flow",
+    "math_grpo": "rlinf_hpc.runners.math_grpo:math_grpo_flow",
 }
 
 Flow = Callable[[Any], Any]

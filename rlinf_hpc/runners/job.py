@@ -73,7 +73,7 @@ def run_job(request: JobRequest) -> int:
     comm = DataPlane()  # collective: every rank, same order
     attach_channels(comm)  # channels follow every placement change from the first one on
     if control.rank != 0:
-        return WorkerService(control, comm).serve()
+        return WorkerService(control, comm, config).serve()
     assert infos is not None
     return _coordinate(config, control, comm, infos, environment, request)
 
@@ -93,6 +93,7 @@ def _coordinate(
     timeline = Timeline(0)
     comm.span_hook = timeline.add
     coordinator = Coordinator(config, control, slots, comm, recorder=events.write)
+    coordinator.run_dir = run_dir
     log.info(
         "job '%s': %d ranks on %d node(s), %s; %s",
         config.job.name,
@@ -173,6 +174,8 @@ def _write_summary(run_dir: Path | None, outcome: str, started: float, result: A
         "wall_seconds": round(time.monotonic() - started, 3),
         "flow_result": result,
     }
+    if isinstance(result, dict) and isinstance(result.get("summary"), dict):
+        summary = {**result["summary"], **summary}  # the flow's headline figures on top
     tmp = run_dir / "summary.json.tmp"
     tmp.write_text(json.dumps(summary, indent=2, default=str), encoding="utf-8")
     tmp.replace(run_dir / "summary.json")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from rlinf_hpc.channel import Channel, channel_for
@@ -70,6 +71,8 @@ class Coordinator:
         self._fatal: Exception | None = None
         self._directory_version = 0
         self._background: set[int] = set()
+        #: The run directory (``--run-dir``) where flows may write their files; None without one.
+        self.run_dir: Path | None = None
         #: Timeline spans the workers handed over when they left (see runtime.timeline).
         self.worker_spans: list[dict[str, Any]] = []
 

@@ -32,7 +32,7 @@ from rlinf_hpc.comm import Backoff
 from rlinf_hpc.errors import CommTimeoutError
 from rlinf_hpc.log import get_logger
 from rlinf_hpc.scheduler.autoplace import AutoPlacement
-from rlinf_hpc.workers.stage import StageSpec
+from rlinf_hpc.scheduler.protocol import StageSpec
 
 if TYPE_CHECKING:
     from rlinf_hpc.scheduler.coordinator import Coordinator

@@ -7,7 +7,7 @@ when its class cannot be unpickled on the coordinator.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 
@@ -113,3 +113,26 @@ class Answer:
     ok: bool
     value: Any = None
     error: str = ""
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """What one stage does on every rank of its component (sent by `Pipeline`)."""
+
+    method: str
+    source: str
+    sink: str | None = None
+    #: Worker method called once after the input ended; its value is returned.
+    finish: str | None = None
+    micro_batch: int = 32
+    min_micro_batch: int = 8
+    max_micro_batch: int = 256
+    elastic: bool = True
+    wait_threshold_s: float = 0.05
+    memory_threshold: float = 0.85
+    #: Item weight for the output channel: a key of dict outputs holding a number or a
+    #: sequence (its length), or None for weight 1.
+    weight_key: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)

@@ -22,6 +22,7 @@ from typing import Any
 
 from rlinf_hpc.channel import Channel, channel_for
 from rlinf_hpc.comm import DataPlane, GroupComm, live_group_comms
+from rlinf_hpc.config import Config
 from rlinf_hpc.log import get_logger
 from rlinf_hpc.workers.memory import device_memory_fraction
 from rlinf_hpc.workers.stage import StageSpec, run_stage
@@ -41,6 +42,8 @@ class Worker:
     log: logging.Logger
     #: Seconds the context switch before the current command took (0.0 when none ran).
     last_switch_s: float = 0.0
+    #: The whole job's configuration (typed sections such as ``[grpo]``); None in bare tests.
+    job_config: Config | None = None
 
     def _bind(
         self,

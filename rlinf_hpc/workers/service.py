@@ -11,6 +11,7 @@ import traceback
 from typing import Any
 
 from rlinf_hpc.comm import Backoff, ControlPlane, DataPlane, create_group_comm
+from rlinf_hpc.config import Config
 from rlinf_hpc.errors import JobInterrupted, UserError
 from rlinf_hpc.imports import import_subclass
 from rlinf_hpc.log import get_logger, set_role
@@ -41,7 +42,8 @@ def _user_traceback(exc: BaseException) -> str:
 class WorkerService:
     """The components hosted by one worker rank, and the command loop that drives them."""
 
-    def __init__(self, control: ControlPlane, comm: DataPlane) -> None:
+    def __init__(self, control: ControlPlane, comm: DataPlane, config: Config | None = None) -> None:
+        self.config = config
         self.control = control
         self.comm = comm
         self.rank = control.rank
@@ -67,6 +69,7 @@ class WorkerService:
             worker._bind(
                 command.component, self.rank, command.device, command.seed, group, self.comm, self._request
             )
+            worker.job_config = self.config
             worker.setup(**command.options)
         except BaseException:
             group.free()

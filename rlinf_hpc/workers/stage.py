@@ -11,37 +11,14 @@ logged with its reason and returned with the sizes. Each micro-batch is a timeli
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from rlinf_hpc.channel import EndOfStream
 from rlinf_hpc.scheduler.elastic import ElasticBatching
+from rlinf_hpc.scheduler.protocol import StageSpec
 
 if TYPE_CHECKING:
     from rlinf_hpc.workers.base import Worker
-
-
-@dataclass(frozen=True)
-class StageSpec:
-    """What one stage does on every rank of its component (sent by `Pipeline`)."""
-
-    method: str
-    source: str
-    sink: str | None = None
-    #: Worker method called once after the input ended; its value is returned.
-    finish: str | None = None
-    micro_batch: int = 32
-    min_micro_batch: int = 8
-    max_micro_batch: int = 256
-    elastic: bool = True
-    wait_threshold_s: float = 0.05
-    memory_threshold: float = 0.85
-    #: Item weight for the output channel: a key of dict outputs holding a number or a
-    #: sequence (its length), or None for weight 1.
-    weight_key: str | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _weight(item: Any, key: str | None) -> float:

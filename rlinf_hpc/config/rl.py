@@ -1,0 +1,135 @@
+"""Typed sections of the RL post-training jobs: [task], [model], [sft], [grpo].
+
+They sit next to the runtime's sections in `Config`; every job has them (with defaults), the
+math GRPO flow reads them. Checks that need no machine run here, at config time; checks that
+need the job's files (model directory, JSONL data) run when the flow starts, before training.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class TaskConfig(_Section):
+    """[task]: the problems and their verifier."""
+
+    kind: Literal["arithmetic", "jsonl"] = Field(
+        "arithmetic",
+        description="`arithmetic`: word-free arithmetic problems generated locally and "
+        "deterministically; `jsonl`: GSM8K-style files (`question`, `answer` ending in "
+        "'#### <number>') from `train_path` / `eval_path`.",
+    )
+    digits: int = Field(2, ge=1, le=6, description="Digits per operand (zero-padded in the prompt).")
+    operations: list[Literal["+", "-", "*"]] = Field(
+        default_factory=lambda: ["+"], description="Operations drawn for each step."
+    )
+    terms: int = Field(2, ge=2, le=5, description="Operands per problem (terms - 1 steps).")
+    eval_size: int = Field(200, ge=1, le=100_000, description="Held-out problems (never trained on).")
+    train_path: str = Field("", description="For kind = jsonl: the training file.")
+    eval_path: str = Field("", description="For kind = jsonl: the held-out file.")
+    format_reward: float = Field(
+        0.1, ge=0, le=1, description="Reward for a well-formed answer (a number, then end of text)."
+    )
+
+    @model_validator(mode="after")
+    def _check_paths(self) -> TaskConfig:
+        if self.kind == "jsonl" and not (self.train_path and self.eval_path):
+            raise ValueError('task.kind = "jsonl" needs task.train_path and task.eval_path')
+        if not self.operations:
+            raise ValueError("task.operations needs at least one of '+', '-', '*'")
+        return self
+
+
+class ModelConfig(_Section):
+    """[model]: the policy. A local Hugging Face directory, or a tiny Qwen2 built from this table."""
+
+    path: str = Field(
+        "",
+        description="Local Hugging Face model directory (a causal LM with its tokenizer). Empty: "
+        "build a tiny Qwen2 with a character-level tokenizer from the fields below.",
+    )
+    hidden_size: int = Field(128, ge=8, description="Tiny model: hidden size.")
+    num_layers: int = Field(4, ge=1, description="Tiny model: transformer layers.")
+    num_heads: int = Field(4, ge=1, description="Tiny model: attention heads.")
+    intermediate_size: int = Field(384, ge=8, description="Tiny model: MLP width.")
+    max_positions: int = Field(64, ge=8, description="Tiny model: longest prompt + completion.")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="Parameter dtype (float32 on CPU)."
+    )
+
+    @model_validator(mode="after")
+    def _check_heads(self) -> ModelConfig:
+        if self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"model.hidden_size ({self.hidden_size}) must be divisible by model.num_heads "
+                f"({self.num_heads})"
+            )
+        return self
+
+
+class SFTConfig(_Section):
+    """[sft]: a short supervised warm start so that RL begins from a policy that is sometimes right."""
+
+    steps: int = Field(200, ge=0, description="Optimizer steps (0: start RL from the model as is).")
+    batch_size: int = Field(256, ge=1, description="Problems per step (over all actor ranks).")
+    lr: float = Field(1e-3, gt=0, description="AdamW learning rate.")
+    stop_at_accuracy: float | None = Field(
+        0.3,
+        gt=0,
+        le=1,
+        description="Stop the warm start once greedy accuracy on `check_size` training problems "
+        "(never the held-out ones) reaches this fraction, checked every `check_every` steps; RL "
+        "then starts from a policy that is sometimes right. None: run all `steps`.",
+    )
+    check_every: int = Field(25, ge=1, description="Steps between warm-start accuracy checks.")
+    check_size: int = Field(128, ge=1, description="Training problems in a warm-start accuracy check.")
+    cache_dir: str = Field(
+        "~/.cache/rlinf_hpc/sft",
+        description="Where warm-started weights are kept, keyed by task, model, sft and seed: a "
+        "second run with the same settings loads them instead of training. Empty: no cache.",
+    )
+
+
+class GRPOConfig(_Section):
+    """[grpo]: the RL loop (rollout -> reward -> log-probs -> update -> weight sync)."""
+
+    steps: int = Field(60, ge=1, description="RL steps.")
+    prompts_per_step: int = Field(32, ge=1, description="Prompts per step (each sampled group_size times).")
+    group_size: int = Field(8, description="Samples per prompt; advantages are normalized within a group.")
+    lr: float = Field(2e-4, gt=0, description="AdamW learning rate of the policy.")
+    clip_eps: float = Field(0.2, gt=0, lt=1, description="PPO ratio clip.")
+    kl_coef: float = Field(0.0, ge=0, description="Weight of the KL penalty to the reference (SFT) policy.")
+    update_epochs: int = Field(1, ge=1, le=16, description="Passes over each step's samples.")
+    minibatches: int = Field(
+        1, ge=1, description="Optimizer steps per pass (old-policy log-probs matter when > 1)."
+    )
+    max_new_tokens: int = Field(6, ge=1, description="Longest completion.")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature of the rollout.")
+    eval_every: int = Field(
+        10, ge=1, description="Greedy held-out evaluation every N steps (and at start and end)."
+    )
+    rollout_backend: Literal["auto", "hf", "vllm"] = Field(
+        "auto",
+        description="`hf`: transformers generate; `vllm`: a vLLM engine; `auto`: vLLM when it and CUDA are there.",
+    )
+    train_backend: Literal["ddp", "deepspeed"] = Field(
+        "ddp", description="Actor data parallelism: torch DDP (gloo on CPU, NCCL on GPU) or DeepSpeed ZeRO."
+    )
+    zero_stage: Literal[1, 2] = Field(1, description="DeepSpeed ZeRO stage when train_backend = deepspeed.")
+
+    @field_validator("group_size")
+    @classmethod
+    def _group_of_two(cls, value: int) -> int:
+        if value < 2:
+            raise ValueError(
+                f"grpo.group_size = {value}: GRPO normalizes rewards within a group of samples of "
+                "the same prompt, so a group of 1 gives every sample an advantage of 0 and nothing "
+                "is learned; use 2 or more (8 is common)"
+            )
+        return value

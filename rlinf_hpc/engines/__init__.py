@@ -1,0 +1,1 @@
+"""Model-side engines: tokenizers, model building/loading, generation, log-probs, data parallelism."""

@@ -1,0 +1,72 @@
+"""torch.distributed over one component group, for data-parallel training (DDP).
+
+The group's rank 0 opens a TCPStore and tells the others its address over the group's MPI
+communicator; then every member joins a process group of the group's size (gloo on CPU, NCCL on
+GPU). No MASTER_ADDR/MASTER_PORT, no launcher variables: MPI already knows who is in the group.
+One process group per process: a rank hosts at most one data-parallel component.
+"""
+
+from __future__ import annotations
+
+import datetime
+import socket
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from rlinf_hpc.comm import GroupComm
+
+_store: Any = None
+
+
+def init_group_process_group(group: GroupComm, device: str, timeout_s: float = 600.0) -> bool:
+    """Join the group's process group (no-op for a group of one). True if one exists now."""
+    global _store
+    if group.size == 1:
+        return False
+    if dist.is_initialized():
+        if dist.get_world_size() != group.size:
+            raise RuntimeError(
+                f"this rank is already in a torch.distributed group of {dist.get_world_size()}; "
+                f"'{group.name}' needs one of {group.size} (one data-parallel component per rank)"
+            )
+        return True
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if group.rank == 0:
+        _store = dist.TCPStore("0.0.0.0", 0, group.size, True, timeout=timeout, wait_for_workers=False)
+        address = (socket.gethostname(), _store.port)
+    else:
+        address = None
+    host, port = group.bcast(address)
+    if group.rank != 0:
+        _store = dist.TCPStore(host, port, group.size, False, timeout=timeout)
+    backend = "nccl" if device.startswith("cuda") else "gloo"
+    dist.init_process_group(backend, store=_store, rank=group.rank, world_size=group.size, timeout=timeout)
+    return True
+
+
+def release_process_group() -> None:
+    global _store
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    _store = None
+
+
+def broadcast_parameters(model: torch.nn.Module, root: int = 0) -> None:
+    """Make every member's parameters and buffers equal to ``root``'s."""
+    if not dist.is_initialized():
+        return
+    with torch.no_grad():
+        for tensor in [*model.parameters(), *model.buffers()]:
+            dist.broadcast(tensor.data, src=root)
+
+
+def wrap_data_parallel(model: torch.nn.Module, device: str) -> torch.nn.Module:
+    """DDP over the group's process group, or the model itself for a group of one."""
+    if not dist.is_initialized():
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    device_ids = [torch.device(device).index or 0] if device.startswith("cuda") else None
+    return DistributedDataParallel(model, device_ids=device_ids)

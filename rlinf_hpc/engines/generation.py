@@ -1,0 +1,132 @@
+"""Generation with transformers ``generate`` and per-token log-probs of given completions.
+
+Sampling is reproducible per sample, independent of batching and of which rank runs it: the
+rollout decodes greedily over ``logits / T + g`` where ``g`` is Gumbel noise drawn from a
+generator seeded by (seed, sample key, position) — the Gumbel-max trick, an exact sample from
+``softmax(logits / T)``. So a fixed seed gives the same samples run to run on CPU, whatever the
+micro-batch sizes and load balancing did.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from rlinf_hpc.engines.tokenizer import Tokenizer
+
+
+def _stable_seed(*parts: Any) -> int:
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & 0x7FFF_FFFF_FFFF_FFFF
+
+
+class GumbelSampler:
+    """A logits processor: ``scores / temperature`` plus per-row, per-position Gumbel noise."""
+
+    def __init__(self, keys: Sequence[Any], temperature: float) -> None:
+        self.keys = list(keys)
+        self.temperature = temperature
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        position = input_ids.shape[1]
+        noise = torch.empty(scores.shape, dtype=torch.float32)
+        generator = torch.Generator()
+        for row, key in enumerate(self.keys):
+            generator.manual_seed(_stable_seed(key, position))
+            uniform = torch.rand(scores.shape[1], generator=generator).clamp_(1e-10, 1.0 - 1e-7)
+            noise[row] = -torch.log(-torch.log(uniform))
+        return scores.float() / self.temperature + noise.to(scores.device)
+
+
+@dataclass
+class Completion:
+    """Generated token ids (ending with eos when ``ended``)."""
+
+    ids: list[int]
+    ended: bool
+
+
+def encode_prompts(tokenizer: Tokenizer, prompts: Sequence[str]) -> list[list[int]]:
+    prefix = [] if tokenizer.bos_id is None else [tokenizer.bos_id]
+    return [prefix + tokenizer.encode(p) for p in prompts]
+
+
+def _left_pad(rows: Sequence[Sequence[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, width - len(row) :] = torch.tensor(row, dtype=torch.long)
+        mask[i, width - len(row) :] = 1
+    return ids, mask
+
+
+@torch.no_grad()
+def generate(
+    model: Any,
+    tokenizer: Tokenizer,
+    prompt_ids: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    sample_keys: Sequence[Any] | None = None,
+    temperature: float = 1.0,
+    device: str = "cpu",
+) -> list[Completion]:
+    """One completion per prompt row: sampled with the row's key, or greedy when keys is None."""
+    from transformers import LogitsProcessorList
+
+    ids, mask = _left_pad(prompt_ids, tokenizer.pad_id)
+    processors = LogitsProcessorList()
+    if sample_keys is not None:
+        processors.append(GumbelSampler(sample_keys, temperature))
+    was_training = model.training
+    model.eval()
+    try:
+        out = model.generate(
+            input_ids=ids.to(device),
+            attention_mask=mask.to(device),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            num_beams=1,
+            logits_processor=processors,
+            pad_token_id=tokenizer.pad_id,
+            eos_token_id=tokenizer.eos_id,
+        )
+    finally:
+        model.train(was_training)
+    completions = []
+    for row in out[:, ids.shape[1] :].tolist():
+        if tokenizer.eos_id in row:
+            completions.append(Completion(row[: row.index(tokenizer.eos_id) + 1], True))
+        else:
+            completions.append(Completion(row, False))
+    return completions
+
+
+def sequence_logprobs(
+    model: Any,
+    prompt_ids: Sequence[Sequence[int]],
+    completion_ids: Sequence[Sequence[int]],
+    pad_id: int,
+    device: str = "cpu",
+) -> list[torch.Tensor]:
+    """Log-probability of every completion token given its prompt (with grad if enabled)."""
+    rows = [list(p) + list(c) for p, c in zip(prompt_ids, completion_ids, strict=True)]
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+        mask[i, : len(row)] = 1
+    logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits.float()
+    # position t predicts token t + 1
+    targets = ids[:, 1:].to(logits.device)
+    picked = logits[:, :-1].gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    token_logprobs = picked - torch.logsumexp(logits[:, :-1], dim=-1)
+    out = []
+    for i, (p, c) in enumerate(zip(prompt_ids, completion_ids, strict=True)):
+        out.append(token_logprobs[i, len(p) - 1 : len(p) - 1 + len(c)])
+    return out

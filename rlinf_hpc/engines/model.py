@@ -1,0 +1,85 @@
+"""The policy model: a tiny Qwen2 built from `ModelConfig` (no download), or a causal LM loaded
+from a local Hugging Face directory. `check_model_dir` validates a directory before any rank
+loads it."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from rlinf_hpc.config.rl import ModelConfig
+from rlinf_hpc.engines.tokenizer import CharTokenizer, HFTokenizer, Tokenizer
+from rlinf_hpc.errors import UserError
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a hub: models come from disk
+
+
+def check_model_dir(path: str) -> Path:
+    """The directory, if it holds a causal LM config; else `UserError` saying what is wrong."""
+    directory = Path(path).expanduser()
+    if not directory.is_dir():
+        raise UserError(
+            f"model.path = '{path}' is not a directory. Give a local Hugging Face model directory "
+            "(config.json, weights, tokenizer), e.g. one made with `huggingface-cli download`, or "
+            "leave model.path empty to build the tiny model."
+        )
+    config_file = directory / "config.json"
+    if not config_file.is_file():
+        raise UserError(
+            f"model.path = '{path}' has no config.json; it is not a Hugging Face model directory."
+        )
+    try:
+        architectures = json.loads(config_file.read_text(encoding="utf-8")).get("architectures") or []
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UserError(f"model.path = '{path}': config.json is unreadable ({exc}).") from None
+    if not any(str(a).endswith("ForCausalLM") for a in architectures):
+        raise UserError(
+            f"model.path = '{path}' holds a {', '.join(architectures) or 'model without architectures'}, "
+            "not a causal language model (an architecture ending in ForCausalLM)."
+        )
+    return directory
+
+
+def tiny_qwen2(config: ModelConfig, tokenizer: Tokenizer, seed: int) -> Any:
+    """A freshly initialized Qwen2ForCausalLM sized by ``config``."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    qwen = Qwen2Config(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=config.hidden_size,
+        num_hidden_layers=config.num_layers,
+        num_attention_heads=config.num_heads,
+        num_key_value_heads=config.num_heads,
+        intermediate_size=config.intermediate_size,
+        max_position_embeddings=config.max_positions,
+        bos_token_id=tokenizer.bos_id,
+        eos_token_id=tokenizer.eos_id,
+        pad_token_id=tokenizer.pad_id,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(seed)
+    return Qwen2ForCausalLM(qwen).to(getattr(torch, config.dtype))
+
+
+def build_policy(config: ModelConfig, texts: list[str], seed: int) -> tuple[Any, Tokenizer]:
+    """(model, tokenizer): loaded from ``config.path`` or tiny (same initial weights for a seed)."""
+    import torch
+
+    if config.path:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        directory = check_model_dir(config.path)
+        tokenizer = HFTokenizer(AutoTokenizer.from_pretrained(directory, local_files_only=True))
+        model = AutoModelForCausalLM.from_pretrained(
+            directory, local_files_only=True, dtype=getattr(torch, config.dtype)
+        )
+        return model, tokenizer
+    tokenizer = CharTokenizer.for_texts(texts)
+    return tiny_qwen2(config, tokenizer, seed), tokenizer
+
+
+def count_parameters(model: Any) -> int:
+    return sum(p.numel() for p in model.parameters())

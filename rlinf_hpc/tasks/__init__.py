@@ -1,0 +1,16 @@
+"""RL tasks: problem sets and their verifiers."""
+
+from rlinf_hpc.tasks.problems import ArithmeticTask, JsonlTask, Problem, load_jsonl_problems, make_task
+from rlinf_hpc.tasks.verifier import Score, extract_answer, normalize_number, score_completion
+
+__all__ = [
+    "ArithmeticTask",
+    "JsonlTask",
+    "Problem",
+    "Score",
+    "extract_answer",
+    "load_jsonl_problems",
+    "make_task",
+    "normalize_number",
+    "score_completion",
+]

@@ -1,0 +1,175 @@
+"""Arithmetic problems generated locally and deterministically, and GSM8K-style JSONL files.
+
+A problem is a prompt and its exact answer. Generated prompts zero-pad operands to ``digits`` so
+every prompt of a task has the same length (``"07+45="`` -> ``"52"``); operations are evaluated
+with the usual precedence. The held-out split is drawn from its own random stream and its prompts
+are excluded from training, so evaluation never sees a trained problem.
+
+>>> task = ArithmeticTask(digits=2, operations=("+",), terms=2, eval_size=3, seed=0)
+>>> [len(p.prompt) for p in task.eval_problems()]
+[6, 6, 6]
+>>> p = task.train_problem(0); eval(p.prompt[:-1]) == int(p.answer)
+True
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlinf_hpc.config.rl import TaskConfig
+from rlinf_hpc.errors import UserError
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One problem: ``uid`` is unique within its split; ``answer`` is a normalized integer."""
+
+    uid: int
+    prompt: str
+    answer: str
+
+
+class ArithmeticTask:
+    """Deterministic problem streams: ``train_problem(i)`` and the fixed ``eval_problems()``."""
+
+    def __init__(self, digits: int, operations: Sequence[str], terms: int, eval_size: int, seed: int) -> None:
+        self.digits = digits
+        self.operations = tuple(operations)
+        self.terms = terms
+        self.seed = seed
+        space = (10**digits) ** terms * len(self.operations) ** (terms - 1)
+        if eval_size * 4 > space:
+            raise UserError(
+                f"task.eval_size = {eval_size} is too large for {digits}-digit problems with "
+                f"{terms} terms ({space} distinct problems): held-out problems would crowd out "
+                "training ones. Lower task.eval_size or raise task.digits / task.terms."
+            )
+        rng = random.Random(f"{seed}:eval")
+        problems: dict[str, Problem] = {}
+        while len(problems) < eval_size:
+            problem = self._draw(rng, len(problems))
+            problems.setdefault(problem.prompt, problem)
+        self._eval = list(problems.values())
+        self._held_out = set(problems)
+
+    def _draw(self, rng: random.Random, uid: int) -> Problem:
+        numbers = [rng.randrange(10**self.digits) for _ in range(self.terms)]
+        ops = [rng.choice(self.operations) for _ in range(self.terms - 1)]
+        expression = f"{numbers[0]:0{self.digits}d}" + "".join(
+            f"{op}{n:0{self.digits}d}" for op, n in zip(ops, numbers[1:], strict=True)
+        )
+        return Problem(uid, expression + "=", str(_evaluate(numbers, ops)))
+
+    def train_problem(self, index: int, stream: str = "rl") -> Problem:
+        """Training problem number ``index`` of ``stream`` (the same for every rank and run)."""
+        rng = random.Random(f"{self.seed}:{stream}:{index}")
+        while True:
+            problem = self._draw(rng, index)
+            if problem.prompt not in self._held_out:
+                return problem
+
+    def train_batch(self, step: int, size: int, stream: str = "rl") -> list[Problem]:
+        """The ``size`` training problems of step ``step``."""
+        return [self.train_problem(step * size + i, stream) for i in range(size)]
+
+    def eval_problems(self) -> list[Problem]:
+        return list(self._eval)
+
+    def texts(self) -> list[str]:
+        """Text the tokenizer must cover (the character set of every problem)."""
+        return ["0123456789" + "".join(self.operations) + "=-"]
+
+
+def _evaluate(numbers: list[int], ops: list[str]) -> int:
+    """Integer value with * before + and -, without eval()."""
+    terms = [numbers[0]]
+    signs = [1]
+    for op, n in zip(ops, numbers[1:], strict=True):
+        if op == "*":
+            terms[-1] *= n
+        else:
+            terms.append(n)
+            signs.append(1 if op == "+" else -1)
+    return sum(s * t for s, t in zip(signs, terms, strict=True))
+
+
+_FINAL = re.compile(r"####\s*(.+?)\s*$")
+
+
+def load_jsonl_problems(path: str | Path, what: str) -> list[Problem]:
+    """GSM8K-style lines ``{"question": ..., "answer": "... #### 42"}`` (or ``answer`` a number).
+
+    Raises `UserError` naming the file and line of the first bad record.
+    """
+    from rlinf_hpc.tasks.verifier import normalize_number
+
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise UserError(f"{what} = '{path}' is not a file. Give the path of a JSONL file of problems.")
+    problems = []
+    with file.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise UserError(
+                    f"{file}:{number}: not valid JSON ({exc.msg}); each line must be one object."
+                ) from None
+            missing = [k for k in ("question", "answer") if not isinstance(record, dict) or k not in record]
+            if missing:
+                raise UserError(
+                    f"{file}:{number}: the record has no {' and no '.join(repr(m) for m in missing)} field; "
+                    'each line needs {"question": "...", "answer": "... #### <number>"}.'
+                )
+            raw = str(record["answer"])
+            match = _FINAL.search(raw)
+            answer = normalize_number(match.group(1) if match else raw)
+            if answer is None:
+                raise UserError(
+                    f"{file}:{number}: the answer {raw[-40:]!r} does not end in '#### <number>'; "
+                    "the verifier needs a final numeric answer."
+                )
+            problems.append(Problem(len(problems), str(record["question"]).strip(), answer))
+    if not problems:
+        raise UserError(f"{what} = '{path}' holds no problems.")
+    return problems
+
+
+class JsonlTask:
+    """Problems from GSM8K-style files: a fixed training list (cycled in a seeded order per
+    epoch) and a held-out list."""
+
+    def __init__(self, train_path: str, eval_path: str, seed: int) -> None:
+        self._train = load_jsonl_problems(train_path, "task.train_path")
+        self._eval = load_jsonl_problems(eval_path, "task.eval_path")
+        self.seed = seed
+
+    def train_problem(self, index: int, stream: str = "rl") -> Problem:
+        epoch, position = divmod(index, len(self._train))
+        order = list(range(len(self._train)))
+        random.Random(f"{self.seed}:{stream}:{epoch}").shuffle(order)
+        problem = self._train[order[position]]
+        return Problem(index, problem.prompt, problem.answer)
+
+    def train_batch(self, step: int, size: int, stream: str = "rl") -> list[Problem]:
+        return [self.train_problem(step * size + i, stream) for i in range(size)]
+
+    def eval_problems(self) -> list[Problem]:
+        return list(self._eval)
+
+    def texts(self) -> list[str]:
+        return [p.prompt + p.answer for p in self._train + self._eval]
+
+
+def make_task(config: TaskConfig, seed: int) -> ArithmeticTask | JsonlTask:
+    """The task named by ``[task]`` (`UserError` for unreadable or malformed files)."""
+    if config.kind == "jsonl":
+        return JsonlTask(config.train_path, config.eval_path, seed)
+    return ArithmeticTask(config.digits, config.operations, config.terms, config.eval_size, seed)

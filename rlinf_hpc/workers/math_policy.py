@@ -1,0 +1,210 @@
+"""Workers of the math GRPO job that hold or read the policy: rollout, inference, reward.
+
+Items travelling through the pipeline are prompt groups (dicts): the flow feeds
+``{"uid", "step", "prompt", "answer"}``; rollout adds ``prompt_ids``, ``completions`` (token ids,
+ending with eos when ``ended``) for ``group_size`` samples; reward adds ``rewards``, ``correct``,
+``well_formed``; inference adds ``old_logprobs`` (and ``ref_logprobs`` with a KL penalty).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any
+
+import torch
+
+from rlinf_hpc.config import Config
+from rlinf_hpc.engines.generation import encode_prompts, generate, sequence_logprobs
+from rlinf_hpc.engines.model import build_policy, count_parameters
+from rlinf_hpc.engines.tokenizer import CharTokenizer, Tokenizer
+from rlinf_hpc.errors import UserError
+from rlinf_hpc.tasks import make_task, score_completion
+from rlinf_hpc.workers.base import Worker
+from rlinf_hpc.workers.weights import receive_weights
+
+#: Data-plane tag of weight-sync messages.
+WEIGHTS_TAG = "policy-weights"
+
+
+def _config(worker: Worker) -> Config:
+    if worker.job_config is None:
+        raise RuntimeError(f"{type(worker).__name__} needs the job config (run it inside a job)")
+    return worker.job_config
+
+
+class PolicyWorker(Worker):
+    """Builds the task and the policy (same initial weights on every rank for a seed)."""
+
+    def setup(self, threads: int = 1) -> None:
+        torch.set_num_threads(threads)
+        config = _config(self)
+        self.config = config
+        self.task = make_task(config.task, config.job.seed)
+        self.model, self.tokenizer = build_policy(config.model, self.task.texts(), config.job.seed)
+        self.model.to(self.device)
+        self.log.info(
+            "policy %s with %.2f M parameters on %s",
+            type(self.model).__name__, count_parameters(self.model) / 1e6, self.device,
+        )  # fmt: skip
+
+    def switch_state(self) -> Any:
+        return self.model
+
+    def parameter_digest(self) -> str:
+        """sha256 of every parameter (tests: synced workers hold the actor's weights)."""
+        return parameter_digest(self.model)
+
+    def pull_weights(self, source: int) -> dict[str, float]:
+        """Take the actor's weights (sent by `ActorWorker.push_weights` on world rank
+        ``source``) into this rank's policy, in place."""
+        started = time.monotonic()
+        nbytes = receive_weights(self.comm, self.model, source, (WEIGHTS_TAG, self.component))
+        return {"seconds": time.monotonic() - started, "bytes": nbytes}
+
+
+class RolloutWorker(PolicyWorker):
+    """Samples ``group_size`` completions per prompt; greedy held-out evaluation."""
+
+    def setup(self, threads: int = 1) -> None:
+        super().setup(threads)
+        backend = self.config.grpo.rollout_backend
+        if backend == "vllm":
+            raise UserError(
+                'grpo.rollout_backend = "vllm" is not available in this build on this rank '
+                f'(device {self.device}); use "hf" or "auto".'
+            )
+        self.generated_tokens = 0
+
+    def generate(self, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        grpo = self.config.grpo
+        prompt_ids = encode_prompts(self.tokenizer, [item["prompt"] for item in batch])
+        rows = [ids for ids in prompt_ids for _ in range(grpo.group_size)]
+        keys = [
+            (self.config.job.seed, item["step"], item["uid"], j)
+            for item in batch
+            for j in range(grpo.group_size)
+        ]
+        completions = generate(
+            self.model, self.tokenizer, rows, grpo.max_new_tokens, keys, grpo.temperature, self.device
+        )
+        out = []
+        for k, item in enumerate(batch):
+            group = completions[k * grpo.group_size : (k + 1) * grpo.group_size]
+            self.generated_tokens += sum(len(c.ids) for c in group)
+            out.append(
+                {
+                    **item,
+                    "prompt_ids": prompt_ids[k],
+                    "completions": [c.ids for c in group],
+                    "ended": [c.ended for c in group],
+                    "tokens": sum(len(c.ids) for c in group),
+                }
+            )
+        return out
+
+    def evaluate(self, problems: list[tuple[int, str, str]], batch_size: int = 256) -> dict[str, Any]:
+        """Greedy answers to held-out ``(uid, prompt, answer)`` problems: how many are right."""
+        correct, examples = 0, []
+        for start in range(0, len(problems), batch_size):
+            chunk = problems[start : start + batch_size]
+            prompt_ids = encode_prompts(self.tokenizer, [p for _, p, _ in chunk])
+            completions = generate(
+                self.model, self.tokenizer, prompt_ids, self.config.grpo.max_new_tokens, device=self.device
+            )
+            for (uid, prompt, answer), completion in zip(chunk, completions, strict=True):
+                text = self.tokenizer.decode(completion.ids)
+                ok = score_completion(text, answer, completion.ended, 0.0).correct
+                correct += ok
+                if len(examples) < 3:
+                    examples.append(
+                        {"uid": uid, "prompt": prompt, "answer": answer, "completion": text, "ok": ok}
+                    )
+        return {"correct": correct, "total": len(problems), "examples": examples}
+
+    def tokens_generated(self) -> int:
+        return self.generated_tokens
+
+
+class RewardWorker(Worker):
+    """Scores every completion with the rule-based verifier (no model)."""
+
+    def setup(self) -> None:
+        config = _config(self)
+        self.format_reward = config.task.format_reward
+        if config.model.path:
+            from transformers import AutoTokenizer
+
+            from rlinf_hpc.engines.model import check_model_dir
+            from rlinf_hpc.engines.tokenizer import HFTokenizer
+
+            inner = AutoTokenizer.from_pretrained(check_model_dir(config.model.path), local_files_only=True)
+            self.tokenizer: Tokenizer = HFTokenizer(inner)
+        else:
+            self.tokenizer = CharTokenizer.for_texts(make_task(config.task, config.job.seed).texts())
+
+    def score(self, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        out = []
+        for item in batch:
+            scores = [
+                score_completion(self.tokenizer.decode(ids), item["answer"], ended, self.format_reward)
+                for ids, ended in zip(item["completions"], item["ended"], strict=True)
+            ]
+            out.append(
+                {
+                    **item,
+                    "rewards": [s.reward for s in scores],
+                    "correct": [s.correct for s in scores],
+                    "well_formed": [s.well_formed for s in scores],
+                }
+            )
+        return out
+
+
+class InferenceWorker(PolicyWorker):
+    """Old-policy log-probs (the weights the rollout sampled with) and, with a KL penalty, the
+    reference (warm-started) policy's."""
+
+    def setup(self, threads: int = 1) -> None:
+        super().setup(threads)
+        self.reference: Any = None
+
+    def set_reference(self) -> None:
+        """Freeze a copy of the current weights as the reference policy."""
+        self.reference = copy.deepcopy(self.model).eval()
+        for p in self.reference.parameters():
+            p.requires_grad_(False)
+
+    def switch_state(self) -> Any:
+        return self.model if self.reference is None else torch.nn.ModuleList([self.model, self.reference])
+
+    @torch.no_grad()
+    def logprobs(self, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        prompts = [item["prompt_ids"] for item in batch for _ in item["completions"]]
+        completions = [ids for item in batch for ids in item["completions"]]
+        old = sequence_logprobs(self.model, prompts, completions, self.tokenizer.pad_id, self.device)
+        ref = None
+        if self.config.grpo.kl_coef > 0:
+            if self.reference is None:
+                raise RuntimeError("set_reference() must run before log-probs with a KL penalty")
+            ref = sequence_logprobs(self.reference, prompts, completions, self.tokenizer.pad_id, self.device)
+        out, k = [], 0
+        for item in batch:
+            n = len(item["completions"])
+            extra = {"old_logprobs": [t.cpu() for t in old[k : k + n]]}
+            if ref is not None:
+                extra["ref_logprobs"] = [t.cpu() for t in ref[k : k + n]]
+            out.append({**item, **extra})
+            k += n
+        return out
+
+
+def parameter_digest(model: torch.nn.Module) -> str:
+    """sha256 over every parameter's bytes, in name order."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name, p in sorted(model.named_parameters()):
+        digest.update(name.encode())
+        digest.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
