@@ -331,3 +331,26 @@ def switch_flow(coordinator: Coordinator) -> dict[str, Any]:
     result = {"before": before, "during_beta": during_beta, "after": after}
     print("SWITCH " + repr(result), flush=True)
     return result
+
+
+def grpo_digest_flow(coordinator: Coordinator) -> Any:
+    """The math GRPO flow, then every policy holder's parameter digest."""
+    import json
+
+    from rlinf_hpc.runners.math_grpo import math_grpo_flow
+
+    result = math_grpo_flow(coordinator)
+    digests = {
+        n: coordinator.group(n).call("parameter_digest").result() for n in ("actor", "rollout", "inference")
+    }
+    print("DIGESTS " + json.dumps(digests), flush=True)
+    return result
+
+
+def _validate_grpo(config: Any) -> None:
+    from rlinf_hpc.runners.math_grpo import validate
+
+    validate(config)
+
+
+grpo_digest_flow.validate = _validate_grpo  # type: ignore[attr-defined]

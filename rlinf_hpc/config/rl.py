@@ -116,7 +116,8 @@ class GRPOConfig(_Section):
     )
     rollout_backend: Literal["auto", "hf", "vllm"] = Field(
         "auto",
-        description="`hf`: transformers generate; `vllm`: a vLLM engine; `auto`: vLLM when it and CUDA are there.",
+        description="`hf`: transformers generate; `vllm`: a vLLM engine; `auto`: vLLM when it "
+        "and CUDA are there, else transformers.",
     )
     train_backend: Literal["ddp", "deepspeed"] = Field(
         "ddp", description="Actor data parallelism: torch DDP (gloo on CPU, NCCL on GPU) or DeepSpeed ZeRO."

@@ -132,6 +132,14 @@ def _coordinate(
     except UserError:
         coordinator.shutdown(2, "configuration error")
         raise
+    except WorkerError as exc:
+        if not exc.error.startswith("UserError: "):
+            return _fail(coordinator, exc)
+        # a worker refused its input (options, files): a user error, reported as one
+        coordinator.shutdown(2, "configuration error")
+        raise UserError(
+            f"{exc.error.removeprefix('UserError: ')} (rank {exc.rank}, component '{exc.component}')"
+        ) from None
     except Exception as exc:  # noqa: BLE001 - report once, stop every rank, exit non-zero
         return _fail(coordinator, exc)
     finally:
@@ -147,6 +155,9 @@ def _prepare(config: Config, run_dir: Path | None) -> Any:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.toml").write_text(config_to_toml(config), encoding="utf-8")
     flow = resolve_flow(config.flow.runner)
+    validate = getattr(flow, "validate", None)  # a flow's own input checks (files, models, ...)
+    if callable(validate):
+        validate(config)
     for component in config.components.values():
         resolve_worker_class(component.worker)
     for channel in config.channels.values():

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rlinf_hpc.config import Config
 from rlinf_hpc.engines.model import check_model_dir
 from rlinf_hpc.errors import UserError
 from rlinf_hpc.log import get_logger
@@ -26,9 +27,8 @@ log = get_logger("grpo")
 COMPONENTS = ("rollout", "reward", "inference", "actor")
 
 
-def check_inputs(coordinator: Coordinator) -> Any:
-    """Everything a user can get wrong, before any rank trains: components, model, data."""
-    config = coordinator.config
+def validate(config: Config) -> None:
+    """Before any worker starts: the components, the model directory, the data files."""
     missing = [name for name in COMPONENTS if name not in config.components]
     if missing:
         raise UserError(
@@ -37,7 +37,13 @@ def check_inputs(coordinator: Coordinator) -> Any:
         )
     if config.model.path:
         check_model_dir(config.model.path)
-    task = make_task(config.task, config.job.seed)  # reads and checks JSONL files
+    make_task(config.task, config.job.seed)  # reads and checks JSONL files
+
+
+def check_inputs(coordinator: Coordinator) -> Any:
+    """What depends on the placement (actor ranks); returns the task."""
+    config = coordinator.config
+    task = make_task(config.task, config.job.seed)
     actor_ranks = len(coordinator.placement.ranks_of("actor"))
     samples = config.grpo.prompts_per_step * config.grpo.group_size
     if samples % (actor_ranks * config.grpo.minibatches) or config.sft.batch_size % actor_ranks:
@@ -159,6 +165,9 @@ def math_grpo_flow(coordinator: Coordinator) -> dict[str, Any]:
         "tokens_per_s": sum(r["tokens"] for r in history) / max(sum(r["step_s"] for r in history), 1e-9),
     }
     return {"summary": summary, "evals": evals, "final_reward": history[-1]["reward"]}
+
+
+math_grpo_flow.validate = validate  # type: ignore[attr-defined]
 
 
 def _log_step(record: dict[str, Any], steps: int) -> None:

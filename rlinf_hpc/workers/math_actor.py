@@ -41,6 +41,15 @@ class ActorWorker(PolicyWorker):
     def switch_state(self) -> Any:
         return (self.model, self.optimizer)
 
+    def on_regroup(self) -> None:
+        """The actor group changed (re-partition): rebuild data parallelism over the new group;
+        weights and optimizer state stay."""
+        if self.distributed:
+            release_process_group()
+        self.distributed = init_group_process_group(self.group, self.device)
+        broadcast_parameters(self.model)
+        self.trainer = wrap_data_parallel(self.model, self.device)
+
     def teardown(self) -> None:
         if self.distributed:
             release_process_group()

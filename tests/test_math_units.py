@@ -1,0 +1,171 @@
+"""The math GRPO job's pieces without ranks: task, verifier, tokenizer, GRPO math, generation."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlinf_hpc.algorithms import group_advantages, grpo_loss
+from rlinf_hpc.config import config_from_dict
+from rlinf_hpc.config.rl import ModelConfig, TaskConfig
+from rlinf_hpc.engines.generation import encode_prompts, generate, sequence_logprobs
+from rlinf_hpc.engines.model import build_policy, check_model_dir
+from rlinf_hpc.engines.tokenizer import CharTokenizer
+from rlinf_hpc.errors import UserError
+from rlinf_hpc.tasks import ArithmeticTask, extract_answer, load_jsonl_problems, make_task, score_completion
+
+torch.set_num_threads(1)
+
+
+@pytest.mark.parametrize(
+    ("text", "answer"),
+    [
+        ("52", "52"),
+        ("0052", "52"),
+        ("-0", "0"),
+        ("+7", "7"),
+        ("1,234", "1234"),
+        ("12.0", "12"),
+        ("The answer is 42.", "42"),
+        ("3 apples and 4 pears, so 7", "7"),
+        ("#### 18 and then 19", "18"),  # the marked answer wins over a later number
+        ("so \\boxed{ -3 } done", "-3"),
+        ("12.5", None),  # not an integer
+        ("no number here", None),
+        ("", None),
+    ],
+)
+def test_extract_answer_on_tricky_completions(text: str, answer: str | None) -> None:
+    assert extract_answer(text) == answer
+
+
+def test_score_rewards_exact_answer_and_format_separately() -> None:
+    assert score_completion("52", "52", True, 0.1).reward == pytest.approx(1.1)
+    assert score_completion("52", "52", False, 0.1).reward == pytest.approx(1.0)  # right, not ended
+    assert score_completion("53", "52", True, 0.1).reward == pytest.approx(0.1)  # well formed only
+    wrong = score_completion("5+2", "52", True, 0.1)
+    assert (wrong.correct, wrong.well_formed, wrong.reward) == (False, False, 0.0)
+
+
+def test_arithmetic_task_is_deterministic_and_keeps_eval_held_out() -> None:
+    task = ArithmeticTask(digits=2, operations=("+", "-", "*"), terms=3, eval_size=50, seed=3)
+    again = ArithmeticTask(digits=2, operations=("+", "-", "*"), terms=3, eval_size=50, seed=3)
+    assert task.train_batch(4, 20) == again.train_batch(4, 20)
+    assert task.eval_problems() == again.eval_problems()
+    held_out = {p.prompt for p in task.eval_problems()}
+    assert not held_out & {p.prompt for p in task.train_batch(0, 2000)}
+    for problem in task.train_batch(0, 200):  # operator precedence, zero-padded operands
+        python = re.sub(r"\d+", lambda m: str(int(m.group())), problem.prompt[:-1])
+        assert int(problem.answer) == eval(python)  # noqa: S307
+    assert task.train_batch(0, 5) != task.train_batch(0, 5, stream="sft")
+    with pytest.raises(UserError, match="task.eval_size = 90 is too large"):
+        ArithmeticTask(digits=1, operations=("+",), terms=2, eval_size=90, seed=0)
+
+
+def test_jsonl_loader_reports_line_numbers(tmp_path: Path) -> None:
+    good = tmp_path / "train.jsonl"
+    good.write_text(
+        json.dumps({"question": "Tom has 3 apples and buys 4. How many?", "answer": "3+4=7\n#### 7"})
+        + "\n\n"
+        + json.dumps({"question": "Big?", "answer": "#### 1,200"})
+        + "\n"
+    )
+    problems = load_jsonl_problems(good, "task.train_path")
+    assert [(p.uid, p.answer) for p in problems] == [(0, "7"), (1, "1200")]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(
+        json.dumps({"question": "q", "answer": "#### 1"}) + "\n" + json.dumps({"question": "q"}) + "\n"
+    )
+    with pytest.raises(UserError, match=r"bad.jsonl:2: the record has no 'answer' field"):
+        load_jsonl_problems(bad, "task.train_path")
+    bad.write_text("{not json\n")
+    with pytest.raises(UserError, match=r"bad.jsonl:1: not valid JSON"):
+        load_jsonl_problems(bad, "task.train_path")
+    bad.write_text(json.dumps({"question": "q", "answer": "about seven"}) + "\n")
+    with pytest.raises(
+        UserError, match=r"bad.jsonl:1: the answer 'about seven' does not end in '#### <number>'"
+    ):
+        load_jsonl_problems(bad, "task.train_path")
+    with pytest.raises(UserError, match="is not a file"):
+        load_jsonl_problems(tmp_path / "missing.jsonl", "task.eval_path")
+    task = make_task(TaskConfig(kind="jsonl", train_path=str(good), eval_path=str(good)), seed=0)
+    assert len(task.train_batch(0, 5)) == 5 and CharTokenizer.for_texts(task.texts()).encode("Tom")
+
+
+def test_group_advantages_and_loss_match_hand_computed_values() -> None:
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 0.0], [0.5, 0.5, 0.5, 0.5]])
+    advantages = group_advantages(rewards)
+    std = math.sqrt(0.25)  # unbiased std of [1, 0, 0, 0] is 0.5
+    assert advantages[0].tolist() == pytest.approx(
+        [0.75 / std, -0.25 / std, -0.25 / std, -0.25 / std], rel=1e-5
+    )
+    assert advantages[1].tolist() == [0.0, 0.0, 0.0, 0.0]  # no signal in a uniform group
+    with pytest.raises(ValueError, match="group_size >= 2"):
+        group_advantages(torch.tensor([[1.0], [0.0]]))
+
+    # two samples: one token each; ratios e^0.5 (clipped at 1.2 for A > 0) and e^-0.5 (A < 0)
+    logp = [torch.tensor([0.0]), torch.tensor([-1.0])]
+    old = [torch.tensor([-0.5]), torch.tensor([-0.5])]
+    adv = torch.tensor([1.0, -2.0])
+    loss, stats = grpo_loss(logp, old, adv, clip_eps=0.2)
+    r1, r2 = math.exp(0.5), math.exp(-0.5)
+    expected = (-min(r1 * 1.0, 1.2 * 1.0) + -min(r2 * -2.0, 0.8 * -2.0)) / 2
+    assert loss.item() == pytest.approx(expected, rel=1e-6)
+    assert stats.clip_fraction == 1.0 and stats.tokens == 2
+
+    ref = [torch.tensor([-0.2]), torch.tensor([-1.0])]
+    loss_kl, stats_kl = grpo_loss(logp, old, adv, 0.2, ref, kl_coef=0.1)
+    kl = ((math.exp(-0.2) + 0.2 - 1) + 0.0) / 2  # k3 estimator, per token then mean
+    assert stats_kl.kl == pytest.approx(kl, rel=1e-5)
+    assert loss_kl.item() == pytest.approx(expected + 0.1 * kl, rel=1e-5)
+
+
+def test_seeded_sampling_does_not_depend_on_the_batch() -> None:
+    model, tokenizer = build_policy(
+        ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), [], 0
+    )
+    prompts = encode_prompts(tokenizer, ["12+34=", "56+78=", "90+12="])
+    keys = [("s", 0, i) for i in range(3)]
+    together = generate(model, tokenizer, prompts, 5, keys, 1.0)
+    alone = generate(model, tokenizer, prompts[1:2], 5, keys[1:2], 1.0)
+    assert together[1].ids == alone[0].ids
+    other = generate(model, tokenizer, prompts, 5, [("s", 1, i) for i in range(3)], 1.0)
+    assert [c.ids for c in other] != [c.ids for c in together]  # another key, another sample
+    # log-probs of a completion equal the sum of the model's next-token log-softmax
+    completion = together[0].ids
+    (lp,) = sequence_logprobs(model, prompts[:1], [completion], tokenizer.pad_id)
+    ids = torch.tensor([prompts[0] + completion])
+    with torch.no_grad():
+        full = torch.log_softmax(model(input_ids=ids).logits[0], dim=-1)
+    start = len(prompts[0]) - 1
+    manual = [full[start + t, token].item() for t, token in enumerate(completion)]
+    assert lp.tolist() == pytest.approx(manual, abs=1e-5)
+
+
+def test_model_directory_checks(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="is not a directory"):
+        check_model_dir(str(tmp_path / "nope"))
+    with pytest.raises(UserError, match="has no config.json"):
+        check_model_dir(str(tmp_path))
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["BertForMaskedLM"]}))
+    with pytest.raises(UserError, match="not a causal language model"):
+        check_model_dir(str(tmp_path))
+
+
+def test_grpo_config_mistakes() -> None:
+    base = {
+        "components": {"actor": {"worker": "pkg.mod:Cls", "num_ranks": 3}},
+        "flow": {"runner": "math_grpo"},
+    }
+    with pytest.raises(UserError, match="group_size = 1: GRPO normalizes rewards within a group"):
+        config_from_dict({**base, "grpo": {"group_size": 1}}, "test")
+    with pytest.raises(UserError, match="cannot be split evenly over 3 actor rank"):
+        config_from_dict({**base, "grpo": {"prompts_per_step": 32, "group_size": 8}}, "test")
+    config_from_dict(
+        {**base, "grpo": {"prompts_per_step": 24, "group_size": 8}, "sft": {"batch_size": 240}}, "t"
+    )
