@@ -127,6 +127,7 @@ def math_grpo_flow(coordinator: Coordinator) -> dict[str, Any]:
                 "actor": round(update["update_s"], 4),  # collecting is free; the update is not
             },
             "switch_s": round(sum(s["switch_s"] for s in result.stages), 4),
+            "bubble_fraction": bubble_fraction(result),
             "micro_batch": {s["component"]: round(s["mean_micro_batch"], 2) for s in result.stages},
         }
         if (step + 1) % grpo.eval_every == 0 or step + 1 == grpo.steps:
@@ -168,6 +169,14 @@ def math_grpo_flow(coordinator: Coordinator) -> dict[str, Any]:
 
 
 math_grpo_flow.validate = validate  # type: ignore[attr-defined]
+
+
+def bubble_fraction(result: Any) -> float:
+    """Share of the step's rank-time (every worker rank of a stage, step wall time) in which
+    no stage did work: 1 - (busy + finish time of every stage) / (step time x ranks)."""
+    ranks = {rank for stage in result.stages for rank in stage["ranks"]}
+    work = sum(s["busy_s"] + s["finish_s"] for s in result.stages)
+    return round(max(0.0, 1.0 - work / max(result.seconds * len(ranks), 1e-9)), 4)
 
 
 def _log_step(record: dict[str, Any], steps: int) -> None:

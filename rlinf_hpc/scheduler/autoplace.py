@@ -28,7 +28,7 @@ def profiles_from_step(pipeline: Pipeline, result: StepResult) -> list[PhaseProf
     profiles = []
     for stage, replies in zip(pipeline.stages, result.per_rank, strict=True):
         items = sum(r["items"] for r in replies)
-        busy = sum(r["busy_s"] for r in replies)
+        busy = sum(r["busy_s"] + r.get("finish_s", 0.0) for r in replies)  # finish: the stage's tail
         switch = sum(r["switch_s"] for r in replies) / max(1, len(replies))
         profiles.append(PhaseProfile(stage.component, busy / max(1, items), 0.0, switch))
     return profiles

@@ -229,6 +229,7 @@ def _summarize(stage: Stage, replies: list[dict[str, Any]]) -> dict[str, Any]:
         "elastic_changes": [dict(c, rank=r["rank"]) for r in replies for c in r["changes"]],
         "busy_s": sum(r["busy_s"] for r in replies),
         "wait_s": sum(r["wait_s"] for r in replies),
+        "finish_s": sum(r["finish_s"] for r in replies),
         "switch_s": sum(r["switch_s"] for r in replies),
         "ranks": [r["rank"] for r in replies],
     }

@@ -82,7 +82,9 @@ def run_stage(worker: Worker, spec: StageSpec) -> dict[str, Any]:
     carried[spec.method] = batching.size
     if sink is not None:
         sink.close()
+    finish_started = time.monotonic()
     finished = getattr(worker, spec.finish)() if spec.finish else None
+    finish_s = time.monotonic() - finish_started
     return {
         "rank": worker.rank,
         "component": worker.component,
@@ -91,6 +93,7 @@ def run_stage(worker: Worker, spec: StageSpec) -> dict[str, Any]:
         "changes": changes,
         "busy_s": busy_s,
         "wait_s": wait_s,
+        "finish_s": finish_s,
         "switch_s": worker.last_switch_s,
         "outputs": outputs,
         "finish": finished,

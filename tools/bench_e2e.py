@@ -1,0 +1,133 @@
+#!/usr/bin/env python
+"""End-to-end benchmark of the math GRPO job: the same workload, seed and total ranks in every
+placement, against a naive sequential run of the same phases.
+
+    python tools/bench_e2e.py [--json PATH] [--steps 12] [--np 5]
+
+Modes (all on ``--np`` ranks: the coordinator plus np-1 workers):
+
+* ``naive``: each component on ranks of its own, one micro-batch per step (the whole batch), so
+  the phases run one after another — the baseline;
+* ``disaggregated``: the same ranks, micro-batches streaming between the stages;
+* ``collocated``: every component on every worker rank, taking turns (DDP actor over all);
+* ``hybrid``: rollout + inference share half the workers, reward and actor get the rest;
+* ``auto``: collocated warm-up, then the cost model's choice.
+
+Each mode runs the job as a separate ``rlinf-hpc run`` (warm start cached per actor size) and
+reads the run's ``metrics.jsonl``: mean step time, tokens/s, bubble fraction and switch time
+over the steps after the first two (for auto: after its warm-up and the first decided step).
+``best_vs_naive`` = naive step time / the best manual mode's; ``auto_vs_best`` = the best manual
+mode's step time / auto's (required: >= 1.2 and >= 0.95).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+REQUIRED = {"best_vs_naive": 1.2, "auto_vs_best": 0.95}
+COMPONENTS = ("rollout", "reward", "inference", "actor")
+
+
+def mode_settings(mode: str, workers: int) -> list[str]:
+    """--set overrides that put ``workers`` worker ranks to use in ``mode``."""
+    if mode in ("naive", "disaggregated"):
+        if workers != 4:
+            raise SystemExit("naive/disaggregated use one rank per component: run with --np 5")
+        sets = ["placement.mode=disaggregated"]
+        if mode == "naive":
+            sets += ["pipeline.micro_batch=32", "pipeline.min_micro_batch=32", "pipeline.max_micro_batch=32"]
+        return sets
+    if mode == "collocated":
+        return ["placement.mode=collocated", *[f"components.{c}.num_ranks={workers}" for c in COMPONENTS]]
+    if mode == "hybrid":
+        half = workers // 2
+        return [
+            "placement.mode=hybrid",
+            'placement.groups=[["rollout", "inference"]]',
+            f"components.rollout.num_ranks={half}",
+            f"components.inference.num_ranks={half}",
+        ]
+    return ["placement.mode=auto", "placement.auto_warmup_steps=2"]
+
+
+def run_mode(mode: str, steps: int, np: int, cache: Path, out: Path) -> dict[str, float]:
+    run_dir = out / mode
+    command = [
+        str(Path(sys.executable).parent / "rlinf-hpc"), "run", str(REPO / "configs" / "math_grpo_tiny.toml"),
+        "--np", str(np), "--run-dir", str(run_dir),
+        "--set", f"grpo.steps={steps}", "--set", f"grpo.eval_every={steps}",
+        "--set", f"sft.cache_dir={cache}", "--set", "sft.steps=60", "--set", "sft.stop_at_accuracy=1.0",
+    ]  # fmt: skip
+    for item in mode_settings(mode, np - 1):
+        command += ["--set", item]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    started = time.monotonic()
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1200)
+    if done.returncode != 0:
+        raise SystemExit(f"{mode} failed (exit {done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    skip = 3 if mode == "auto" else 2
+    measured = metrics[skip:]
+    step_s = sum(m["step_s"] for m in measured) / len(measured)
+    return {
+        "step_s": step_s,
+        "tokens_per_s": sum(m["tokens"] for m in measured) / sum(m["step_s"] for m in measured),
+        "bubble_fraction": sum(m["bubble_fraction"] for m in measured) / len(measured),
+        "switch_s": sum(m["switch_s"] for m in measured) / len(measured),
+        "weight_sync_s": sum(m["weight_sync_s"] for m in measured) / len(measured),
+        "job_s": time.monotonic() - started,
+        "placement": metrics[-1]["placement"],
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", help="write {'ratios': ..., 'raw': ...} here")
+    parser.add_argument("--steps", type=int, default=12, help="GRPO steps per mode")
+    parser.add_argument("--np", type=int, default=5, help="total ranks (coordinator + 4 workers)")
+    args = parser.parse_args()
+    sys.path.insert(0, str(REPO))
+    from rlinf_hpc.runtime.console import print_table
+
+    raw: dict[str, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-e2e-") as tmp:
+        for mode in ("naive", "disaggregated", "collocated", "hybrid", "auto"):
+            print(f"running {mode} ...", flush=True)
+            raw[mode] = run_mode(mode, args.steps, args.np, Path(tmp) / "sft", Path(tmp))
+    manual = {m: raw[m]["step_s"] for m in ("disaggregated", "collocated", "hybrid")}
+    best = min(manual, key=manual.__getitem__)
+    ratios = {
+        "best_vs_naive": raw["naive"]["step_s"] / manual[best],
+        "auto_vs_best": manual[best] / raw["auto"]["step_s"],
+    }
+    print_table(
+        f"math GRPO tiny, {args.np} ranks, {args.steps} steps per mode (best manual: {best})",
+        ["mode", "placement", "step s", "tokens/s", "bubble", "switch s", "sync s"],
+        [
+            (m, str(r["placement"]), f"{r['step_s']:.3f}", f"{r['tokens_per_s']:.0f}",
+             f"{r['bubble_fraction']:.2f}", f"{r['switch_s']:.3f}", f"{r['weight_sync_s']:.3f}")
+            for m, r in raw.items()
+        ],
+    )  # fmt: skip
+    ok = all(ratios[k] >= REQUIRED[k] for k in REQUIRED)
+    print_table(
+        "ratios",
+        ["ratio", "value", "required", "status"],
+        [(k, f"{v:.2f}", f">= {REQUIRED[k]}", "pass" if v >= REQUIRED[k] else "FAIL") for k, v in ratios.items()],
+    )
+    if args.json:
+        Path(args.json).write_text(json.dumps({"ratios": ratios, "raw": raw}, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
