@@ -221,3 +221,14 @@ def test_micro_batch_bounds_and_auto_mistakes(tmp_path: Path) -> None:
             load_config(write(tmp_path, MINIMAL + extra))
     config = load_config(write(tmp_path, MINIMAL + '[placement]\nmode = "auto"\n'))
     assert config.placement_units() == [["a"]] and config.pipeline.micro_batch == 32
+
+
+def test_every_bundled_config_validates_offline() -> None:
+    """GPU configs name model and data paths of a cluster; they must still load here."""
+    paths = sorted(CONFIGS.glob("*.toml"))
+    assert len(paths) >= 5
+    for path in paths:
+        config = load_config(path)
+        assert (
+            config.job.num_ranks >= config.num_worker_ranks_needed + 1 or config.placement.mode == "auto"
+        ), path

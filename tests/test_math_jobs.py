@@ -93,3 +93,47 @@ def test_bad_inputs_stop_before_training(tmp_path: Path, sets: list[str], messag
     assert result.returncode == 2, result.output
     assert message in result.output
     assert "warm start" not in result.output  # nothing trained
+
+
+def _has_deepspeed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("deepspeed") is not None
+
+
+@pytest.mark.skipif(
+    not _has_deepspeed(), reason="DeepSpeed is not installed (DS_BUILD_OPS=0 pip install deepspeed)"
+)
+def test_deepspeed_zero2_actor_over_two_ranks(tmp_path: Path) -> None:
+    sets = [*TINY, "components.actor.num_ranks=2", "grpo.train_backend=deepspeed", "grpo.zero_stage=2"]
+    summary, stdout = _run(tmp_path, 6, sets)
+    assert summary["outcome"] == "ok"
+    digests = json.loads(next(line for line in stdout.splitlines() if line.startswith("DIGESTS "))[8:])
+    assert len(digests["actor"]) == 2 and len(set(digests["actor"])) == 1
+    assert set(digests["rollout"]) == set(digests["actor"]) == set(digests["inference"])
+
+
+def test_job_runs_from_a_local_hugging_face_directory(tmp_path: Path) -> None:
+    """model.path: a causal LM and its tokenizer saved locally (made here: no download)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from rlinf_hpc.config.rl import ModelConfig
+    from rlinf_hpc.engines.model import tiny_qwen2
+
+    chars = "0123456789+-*=., "
+    vocab = {"<pad>": 0, "<bos>": 1, "<eos>": 2, "<unk>": 3, **{c: i + 4 for i, c in enumerate(chars)}}
+    inner = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    inner.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=inner, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>"
+    )
+    model_dir = tmp_path / "model"
+    tiny = ModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
+    model = tiny_qwen2(
+        tiny, type("T", (), {"vocab_size": len(vocab), "bos_id": 1, "eos_id": 2, "pad_id": 0})(), 0
+    )
+    model.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    summary, _ = _run(tmp_path, 5, [*TINY, f"model.path={model_dir}"])
+    assert summary["outcome"] == "ok" and summary["steps"] == 2

@@ -57,7 +57,10 @@ def test_auto_profiles_are_per_rank_seconds_per_item() -> None:
     pipe = _pipeline({"a": [1, 2], "b": [1, 2]})
     per_rank = [
         [{"items": 10, "busy_s": 1.0, "switch_s": 0.2}, {"items": 30, "busy_s": 3.0, "switch_s": 0.4}],
-        [{"items": 20, "busy_s": 0.1, "finish_s": 0.1, "switch_s": 0.0}, {"items": 20, "busy_s": 0.2, "switch_s": 0.0}],
+        [
+            {"items": 20, "busy_s": 0.1, "finish_s": 0.1, "switch_s": 0.0},
+            {"items": 20, "busy_s": 0.2, "switch_s": 0.0},
+        ],
     ]
     result = StepResult(1, [], {}, 1.0, "auto", [], per_rank)
     a, b = profiles_from_step(pipe, result)

@@ -72,7 +72,9 @@ def run_mode(mode: str, steps: int, np: int, cache: Path, out: Path) -> dict[str
     started = time.monotonic()
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1200)
     if done.returncode != 0:
-        raise SystemExit(f"{mode} failed (exit {done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+        raise SystemExit(
+            f"{mode} failed (exit {done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        )
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     skip = 3 if mode == "auto" else 2
     measured = metrics[skip:]
@@ -89,7 +91,9 @@ def run_mode(mode: str, steps: int, np: int, cache: Path, out: Path) -> dict[str
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--json", help="write {'ratios': ..., 'raw': ...} here")
     parser.add_argument("--steps", type=int, default=12, help="GRPO steps per mode")
     parser.add_argument("--np", type=int, default=5, help="total ranks (coordinator + 4 workers)")
@@ -121,7 +125,10 @@ def main() -> int:
     print_table(
         "ratios",
         ["ratio", "value", "required", "status"],
-        [(k, f"{v:.2f}", f">= {REQUIRED[k]}", "pass" if v >= REQUIRED[k] else "FAIL") for k, v in ratios.items()],
+        [
+            (k, f"{v:.2f}", f">= {REQUIRED[k]}", "pass" if v >= REQUIRED[k] else "FAIL")
+            for k, v in ratios.items()
+        ],
     )
     if args.json:
         Path(args.json).write_text(json.dumps({"ratios": ratios, "raw": raw}, indent=2) + "\n")

@@ -105,6 +105,7 @@ class GRPOConfig(_Section):
     lr: float = Field(2e-4, gt=0, description="AdamW learning rate of the policy.")
     clip_eps: float = Field(0.2, gt=0, lt=1, description="PPO ratio clip.")
     kl_coef: float = Field(0.0, ge=0, description="Weight of the KL penalty to the reference (SFT) policy.")
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradient norm clip of the RL updates.")
     update_epochs: int = Field(1, ge=1, le=16, description="Passes over each step's samples.")
     minibatches: int = Field(
         1, ge=1, description="Optimizer steps per pass (old-policy log-probs matter when > 1)."

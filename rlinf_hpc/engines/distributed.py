@@ -20,10 +20,13 @@ from rlinf_hpc.comm import GroupComm
 _store: Any = None
 
 
-def init_group_process_group(group: GroupComm, device: str, timeout_s: float = 600.0) -> bool:
-    """Join the group's process group (no-op for a group of one). True if one exists now."""
+def init_group_process_group(
+    group: GroupComm, device: str, timeout_s: float = 600.0, always: bool = False
+) -> bool:
+    """Join the group's process group (for a group of one only with ``always``, e.g. for
+    DeepSpeed, which insists on one). True if one exists now."""
     global _store
-    if group.size == 1:
+    if group.size == 1 and not always:
         return False
     if dist.is_initialized():
         if dist.get_world_size() != group.size:

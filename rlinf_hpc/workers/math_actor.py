@@ -22,9 +22,9 @@ from rlinf_hpc.engines.distributed import (
     broadcast_parameters,
     init_group_process_group,
     release_process_group,
-    wrap_data_parallel,
 )
 from rlinf_hpc.engines.generation import encode_prompts, sequence_logprobs
+from rlinf_hpc.engines.training import Trainer
 from rlinf_hpc.workers.math_policy import WEIGHTS_TAG, PolicyWorker
 from rlinf_hpc.workers.weights import send_weights
 
@@ -32,23 +32,39 @@ from rlinf_hpc.workers.weights import send_weights
 class ActorWorker(PolicyWorker):
     def setup(self, threads: int = 1) -> None:
         super().setup(threads)
-        self.distributed = init_group_process_group(self.group, self.device)
-        broadcast_parameters(self.model)
-        self.trainer = wrap_data_parallel(self.model, self.device)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.config.grpo.lr)
         self._collected: list[dict[str, Any]] = []
+        self._start_training()
+
+    def _start_training(self) -> None:
+        grpo = self.config.grpo
+        deepspeed = grpo.train_backend == "deepspeed"
+        self.distributed = init_group_process_group(self.group, self.device, always=deepspeed)
+        broadcast_parameters(self.model)
+        clip = grpo.max_grad_norm if deepspeed else None  # DeepSpeed fixes clipping at start
+        self.trainer = Trainer(
+            self.model, self.device, self.config.sft.lr, grpo.train_backend, grpo.zero_stage, clip
+        )
 
     def switch_state(self) -> Any:
-        return (self.model, self.optimizer)
+        return self.trainer.switch_state()
 
     def on_regroup(self) -> None:
         """The actor group changed (re-partition): rebuild data parallelism over the new group;
         weights and optimizer state stay."""
+        if self.config.grpo.train_backend == "deepspeed":
+            raise RuntimeError(
+                "the DeepSpeed actor cannot change its ranks while the job runs (its ZeRO "
+                'partitions are fixed); keep the actor\'s ranks, or use train_backend = "ddp"'
+            )
         if self.distributed:
             release_process_group()
         self.distributed = init_group_process_group(self.group, self.device)
         broadcast_parameters(self.model)
-        self.trainer = wrap_data_parallel(self.model, self.device)
+        optimizer = self.trainer.optimizer
+        self.trainer = Trainer(
+            self.model, self.device, self.config.grpo.lr, clip_norm=self.config.grpo.max_grad_norm
+        )
+        self.trainer.optimizer = optimizer  # Adam moments survive the move
 
     def teardown(self) -> None:
         if self.distributed:
@@ -83,9 +99,9 @@ class ActorWorker(PolicyWorker):
                 assert cache is not None
                 self.model.load_state_dict(torch.load(cache, map_location=self.device, weights_only=True))
             broadcast_parameters(self.model)
+            self._start_rl()
             self.log.info("warm start loaded from %s", cache)
             return {"cached": True, "seconds": time.monotonic() - started, "loss": None, "path": str(cache)}
-        optimizer = torch.optim.AdamW(self.model.parameters(), lr=sft.lr)
         share = sft.batch_size // self.group_size
         loss_value = float("nan")
         checks = self.task.train_batch(0, sft.check_size, stream="sft-check")
@@ -100,12 +116,11 @@ class ActorWorker(PolicyWorker):
             problems = self.task.train_batch(step, sft.batch_size, stream="sft")
             mine = problems[self.group_rank * share : (self.group_rank + 1) * share]
             loss = self._sft_loss(mine)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
+            self.trainer.step(loss)
             loss_value = loss.item()
             if (step + 1) % max(1, sft.check_every) == 0 and self.group_rank == 0:
                 self.log.info("warm start step %d/%d: loss %.3f", step + 1, sft.steps, loss_value)
+        self._start_rl()
         if cache is not None and self.group_rank == 0:
             cache.parent.mkdir(parents=True, exist_ok=True)
             tmp = cache.with_suffix(".tmp")
@@ -140,11 +155,18 @@ class ActorWorker(PolicyWorker):
         )
         return self.group.allreduce(right) / len(problems)
 
+    def _start_rl(self) -> None:
+        """RL starts with fresh Adam moments (DDP), its own learning rate and clipping."""
+        self.trainer.new_optimizer(self.config.grpo.lr)
+        self.trainer.clip_norm = self.config.grpo.max_grad_norm
+
     def _sft_loss(self, problems: list[Any]) -> torch.Tensor:
         eos = self.tokenizer.eos_id
         prompts = encode_prompts(self.tokenizer, [p.prompt for p in problems])
         targets = [self.tokenizer.encode(p.answer) + [eos] for p in problems]
-        logprobs = sequence_logprobs(self.trainer, prompts, targets, self.tokenizer.pad_id, self.device)
+        logprobs = sequence_logprobs(
+            self.trainer.module, prompts, targets, self.tokenizer.pad_id, self.device
+        )
         return -torch.cat(logprobs).mean()
 
     # -- GRPO ----------------------------------------------------------------------------------
@@ -181,7 +203,7 @@ class ActorWorker(PolicyWorker):
                 part = slice(m * per_step, (m + 1) * per_step)
                 chunk = mine[part]
                 logprobs = sequence_logprobs(
-                    self.trainer,
+                    self.trainer.module,
                     [s[0] for s in chunk],
                     [s[1] for s in chunk],
                     self.tokenizer.pad_id,
@@ -191,10 +213,7 @@ class ActorWorker(PolicyWorker):
                 loss, stat = grpo_loss(
                     logprobs, [s[2] for s in chunk], my_adv[part], grpo.clip_eps, ref, grpo.kl_coef
                 )
-                self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0).item()
-                self.optimizer.step()
+                grad_norm = self.trainer.step(loss)
                 stats.append((stat, grad_norm))
         correct = [c for g in groups for c in g["correct"]]
         formed = [w for g in groups for w in g["well_formed"]]

@@ -27,6 +27,15 @@ from rlinf_hpc.workers.weights import receive_weights
 WEIGHTS_TAG = "policy-weights"
 
 
+def _hf_tokenizer(path: str) -> Tokenizer:
+    from transformers import AutoTokenizer
+
+    from rlinf_hpc.engines.model import check_model_dir
+    from rlinf_hpc.engines.tokenizer import HFTokenizer
+
+    return HFTokenizer(AutoTokenizer.from_pretrained(check_model_dir(path), local_files_only=True))
+
+
 def _config(worker: Worker) -> Config:
     if worker.job_config is None:
         raise RuntimeError(f"{type(worker).__name__} needs the job config (run it inside a job)")
@@ -63,31 +72,92 @@ class PolicyWorker(Worker):
         return {"seconds": time.monotonic() - started, "bytes": nbytes}
 
 
+def _use_vllm(config: Config, device: str) -> bool:
+    """Whether the rollout runs on vLLM (``rollout_backend``; `UserError` if it cannot)."""
+    backend = config.grpo.rollout_backend
+    if backend == "hf":
+        return False
+    from rlinf_hpc.engines.vllm_engine import vllm_available
+
+    usable = bool(config.model.path) and device.startswith("cuda") and vllm_available()
+    if backend == "vllm" and not usable:
+        raise UserError(
+            'grpo.rollout_backend = "vllm" needs a CUDA rollout rank, vLLM installed and a '
+            f"Hugging Face model directory in model.path (this rank: device {device}, model.path "
+            f'\'{config.model.path}\'); use "hf" or "auto".'
+        )
+    return usable
+
+
 class RolloutWorker(PolicyWorker):
-    """Samples ``group_size`` completions per prompt; greedy held-out evaluation."""
+    """Samples ``group_size`` completions per prompt; greedy held-out evaluation. Generates with
+    transformers, or with a vLLM engine on GPU ranks (`grpo.rollout_backend`)."""
 
     def setup(self, threads: int = 1) -> None:
-        super().setup(threads)
-        backend = self.config.grpo.rollout_backend
-        if backend == "vllm":
-            raise UserError(
-                'grpo.rollout_backend = "vllm" is not available in this build on this rank '
-                f'(device {self.device}); use "hf" or "auto".'
-            )
+        config = _config(self)
+        self.engine: Any = None
+        if _use_vllm(config, self.device):
+            from rlinf_hpc.engines.vllm_engine import VLLMRollout
+
+            torch.set_num_threads(threads)
+            self.config = config
+            self.task = make_task(config.task, config.job.seed)
+            self.model = None
+            self.engine = VLLMRollout(config.model.path, config.model.dtype, config.job.seed)
+            self.tokenizer = _hf_tokenizer(config.model.path)
+            self.log.info("rollout on vLLM (%s)", config.model.path)
+        else:
+            super().setup(threads)
         self.generated_tokens = 0
+
+    def switch_state(self) -> Any:
+        return self.model  # a vLLM engine is not moved; a light switch puts it to sleep
+
+    def release_caches(self) -> None:
+        if self.engine is not None:
+            self.engine.sleep()
+
+    def pull_weights(self, source: int) -> dict[str, float]:
+        if self.engine is None:
+            return super().pull_weights(source)
+        started = time.monotonic()
+        state = self.comm.recv(source, (WEIGHTS_TAG, self.component))
+        self.engine.load_weights(state.items())
+        nbytes = sum(t.numel() * t.element_size() for t in state.values())
+        return {"seconds": time.monotonic() - started, "bytes": nbytes}
+
+    def _sample(self, prompt_ids: list[list[int]], batch: list[dict[str, Any]]) -> list[Any]:
+        grpo = self.config.grpo
+        seed = self.config.job.seed
+        if self.engine is not None:
+            keys = [(seed, item["step"], item["uid"]) for item in batch]
+            groups = self.engine.generate(
+                prompt_ids,
+                keys,
+                grpo.group_size,
+                grpo.max_new_tokens,
+                grpo.temperature,
+                self.tokenizer.eos_id,
+            )
+            return [c for group in groups for c in group]
+        rows = [ids for ids in prompt_ids for _ in range(grpo.group_size)]
+        keys = [(seed, item["step"], item["uid"], j) for item in batch for j in range(grpo.group_size)]
+        return generate(
+            self.model, self.tokenizer, rows, grpo.max_new_tokens, keys, grpo.temperature, self.device
+        )
+
+    def _greedy(self, prompt_ids: list[list[int]]) -> list[Any]:
+        max_new = self.config.grpo.max_new_tokens
+        if self.engine is not None:
+            keys = [("eval", i) for i in range(len(prompt_ids))]
+            groups = self.engine.generate(prompt_ids, keys, 1, max_new, 0.0, self.tokenizer.eos_id)
+            return [group[0] for group in groups]
+        return generate(self.model, self.tokenizer, prompt_ids, max_new, device=self.device)
 
     def generate(self, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
         grpo = self.config.grpo
         prompt_ids = encode_prompts(self.tokenizer, [item["prompt"] for item in batch])
-        rows = [ids for ids in prompt_ids for _ in range(grpo.group_size)]
-        keys = [
-            (self.config.job.seed, item["step"], item["uid"], j)
-            for item in batch
-            for j in range(grpo.group_size)
-        ]
-        completions = generate(
-            self.model, self.tokenizer, rows, grpo.max_new_tokens, keys, grpo.temperature, self.device
-        )
+        completions = self._sample(prompt_ids, batch)
         out = []
         for k, item in enumerate(batch):
             group = completions[k * grpo.group_size : (k + 1) * grpo.group_size]
@@ -108,10 +178,7 @@ class RolloutWorker(PolicyWorker):
         correct, examples = 0, []
         for start in range(0, len(problems), batch_size):
             chunk = problems[start : start + batch_size]
-            prompt_ids = encode_prompts(self.tokenizer, [p for _, p, _ in chunk])
-            completions = generate(
-                self.model, self.tokenizer, prompt_ids, self.config.grpo.max_new_tokens, device=self.device
-            )
+            completions = self._greedy(encode_prompts(self.tokenizer, [p for _, p, _ in chunk]))
             for (uid, prompt, answer), completion in zip(chunk, completions, strict=True):
                 text = self.tokenizer.decode(completion.ids)
                 ok = score_completion(text, answer, completion.ended, 0.0).correct
@@ -133,13 +200,7 @@ class RewardWorker(Worker):
         config = _config(self)
         self.format_reward = config.task.format_reward
         if config.model.path:
-            from transformers import AutoTokenizer
-
-            from rlinf_hpc.engines.model import check_model_dir
-            from rlinf_hpc.engines.tokenizer import HFTokenizer
-
-            inner = AutoTokenizer.from_pretrained(check_model_dir(config.model.path), local_files_only=True)
-            self.tokenizer: Tokenizer = HFTokenizer(inner)
+            self.tokenizer: Tokenizer = _hf_tokenizer(config.model.path)
         else:
             self.tokenizer = CharTokenizer.for_texts(make_task(config.task, config.job.seed).texts())
 

@@ -1,0 +1,91 @@
+"""Data-parallel training of one model over its component group: torch DDP with AdamW (gloo on
+CPU, NCCL on GPU), or DeepSpeed ZeRO-1/2 with the same AdamW handed to it as a client optimizer
+(no fused-Adam compile). ZeRO-1/2 keep full parameters on every rank, so the weight sync reads
+them as they are; ZeRO-3 is not offered."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from rlinf_hpc.engines.distributed import wrap_data_parallel
+
+
+class Trainer:
+    """``module`` for forward passes; `step` applies a loss; `new_optimizer` starts fresh."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        device: str,
+        lr: float,
+        backend: str = "ddp",
+        zero_stage: int = 1,
+        clip_norm: float | None = None,
+    ) -> None:
+        self.model = model
+        self.device = device
+        self.backend = backend
+        self.clip_norm = clip_norm
+        self.engine: Any = None
+        if backend == "deepspeed":
+            self._init_deepspeed(lr, zero_stage)
+        else:
+            self.module = wrap_data_parallel(model, device)
+            self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+
+    def _init_deepspeed(self, lr: float, zero_stage: int) -> None:
+        os.environ.setdefault("DS_ACCELERATOR", "cuda" if self.device.startswith("cuda") else "cpu")
+        # DeepSpeed reads its place from launcher variables; the process group exists already.
+        os.environ["LOCAL_RANK"] = (
+            str(torch.device(self.device).index or 0) if self.device.startswith("cuda") else "0"
+        )
+        import deepspeed
+
+        dtype = next(self.model.parameters()).dtype
+        config = {
+            "train_micro_batch_size_per_gpu": 1,
+            "gradient_accumulation_steps": 1,
+            "zero_optimization": {"stage": zero_stage},
+            "gradient_clipping": self.clip_norm or 0.0,
+            "bf16": {"enabled": dtype == torch.bfloat16},
+            "fp16": {"enabled": dtype == torch.float16},
+            "steps_per_print": 2**31 - 1,
+            "wall_clock_breakdown": False,
+        }
+        client = torch.optim.AdamW(self.model.parameters(), lr=lr)
+        self.engine, self.optimizer, _, _ = deepspeed.initialize(
+            model=self.model, optimizer=client, config=config, dist_init_required=False
+        )
+        self.module = self.engine
+
+    def step(self, loss: torch.Tensor) -> float:
+        """Backward, (clip,) optimizer step; returns the gradient norm before clipping."""
+        if self.engine is not None:
+            self.engine.backward(loss)
+            self.engine.step()
+            norm = self.engine.get_global_grad_norm()
+            return float(norm) if norm is not None else float("nan")
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        limit = self.clip_norm if self.clip_norm else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(params, limit).item()
+        self.optimizer.step()
+        return norm
+
+    def new_optimizer(self, lr: float) -> None:
+        """A fresh AdamW at ``lr`` (DDP). DeepSpeed keeps its optimizer (and Adam moments) and
+        only takes the new learning rate: re-initializing an engine would stack ZeRO's hooks."""
+        if self.engine is not None:
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            return
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr)
+
+    def switch_state(self) -> Any:
+        """What a full context switch moves: model and optimizer (DDP); the model only under
+        DeepSpeed, whose ZeRO partitions stay where they are."""
+        return self.model if self.engine is not None else (self.model, self.optimizer)
