@@ -109,3 +109,30 @@ def survivors(pids: list[int], grace: float = 5.0) -> list[int]:
     while (alive := [p for p in pids if running(p)]) and time.monotonic() < deadline:
         time.sleep(0.1)
     return alive
+
+
+def make_tiny_hf_model(path: Path, hidden_size: int = 32) -> Path:
+    """A tiny Qwen2 and a character tokenizer saved as a local Hugging Face directory."""
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from rlinf_hpc.config.rl import ModelConfig
+    from rlinf_hpc.engines.model import tiny_qwen2
+
+    chars = "0123456789+-*=., "
+    vocab = {"<pad>": 0, "<bos>": 1, "<eos>": 2, "<unk>": 3, **{c: i + 4 for i, c in enumerate(chars)}}
+    inner = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    inner.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=inner, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>"
+    )
+    spec = type("T", (), {"vocab_size": 64, "bos_id": 1, "eos_id": 2, "pad_id": 0})()
+    model = tiny_qwen2(
+        ModelConfig(hidden_size=hidden_size, num_layers=2, num_heads=2, intermediate_size=2 * hidden_size),
+        spec,
+        0,
+    )
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CONFIGS, rlinf
+from conftest import CONFIGS, make_tiny_hf_model, rlinf
 
 #: A very small model and task: two GRPO steps in seconds.
 TINY = [
@@ -115,25 +115,6 @@ def test_deepspeed_zero2_actor_over_two_ranks(tmp_path: Path) -> None:
 
 def test_job_runs_from_a_local_hugging_face_directory(tmp_path: Path) -> None:
     """model.path: a causal LM and its tokenizer saved locally (made here: no download)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    from rlinf_hpc.config.rl import ModelConfig
-    from rlinf_hpc.engines.model import tiny_qwen2
-
-    chars = "0123456789+-*=., "
-    vocab = {"<pad>": 0, "<bos>": 1, "<eos>": 2, "<unk>": 3, **{c: i + 4 for i, c in enumerate(chars)}}
-    inner = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    inner.pre_tokenizer = pre_tokenizers.Split("", "isolated")
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=inner, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>"
-    )
-    model_dir = tmp_path / "model"
-    tiny = ModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
-    model = tiny_qwen2(
-        tiny, type("T", (), {"vocab_size": len(vocab), "bos_id": 1, "eos_id": 2, "pad_id": 0})(), 0
-    )
-    model.save_pretrained(model_dir)
-    tokenizer.save_pretrained(model_dir)
+    model_dir = make_tiny_hf_model(tmp_path / "model")
     summary, _ = _run(tmp_path, 5, [*TINY, f"model.path={model_dir}"])
     assert summary["outcome"] == "ok" and summary["steps"] == 2
