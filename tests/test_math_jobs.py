@@ -21,7 +21,7 @@ TINY = [
 ]  # fmt: skip
 
 PLACEMENTS = {
-    "disaggregated": (5, []),
+    "disaggregated": (5, ["grpo.tensorboard=true"]),
     "collocated": (3, [f"components.{c}.num_ranks=2" for c in ("rollout", "reward", "inference", "actor")]),
     "hybrid": (4, ['placement.groups=[["rollout", "inference"]]']),
     "auto": (5, ["placement.auto_warmup_steps=1"]),
@@ -53,6 +53,8 @@ def test_two_grpo_steps_in_every_placement(tmp_path: Path, mode: str) -> None:
     actor = digests["actor"]
     assert len(set(actor)) == 1  # data-parallel ranks hold identical weights after the updates
     assert set(digests["rollout"]) == set(actor) and set(digests["inference"]) == set(actor)  # synced
+    if mode == "disaggregated":  # TensorBoard scalars next to metrics.jsonl
+        assert list((tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*"))
     if mode == "collocated":
         assert len(actor) == 2  # DDP over two ranks
         assert any(m["switch_s"] > 0 for m in metrics)  # components took turns on the ranks

@@ -169,3 +169,15 @@ def test_grpo_config_mistakes() -> None:
     config_from_dict(
         {**base, "grpo": {"prompts_per_step": 24, "group_size": 8}, "sft": {"batch_size": 240}}, "t"
     )
+
+
+def test_metrics_log_writes_jsonl_and_flattens_scalars(tmp_path: Path) -> None:
+    from rlinf_hpc.runtime.metrics import MetricsLog, _scalars
+
+    record = {"step": 1, "reward": 0.5, "phases_s": {"rollout": 0.2}, "placement": "x", "ok": True}
+    assert _scalars(record) == {"step": 1.0, "reward": 0.5, "phases_s/rollout": 0.2}
+    log = MetricsLog(tmp_path)
+    log.write(1, record)
+    log.close()
+    assert json.loads((tmp_path / "metrics.jsonl").read_text()) == record
+    MetricsLog(None).write(1, record)  # no run directory: nothing to write, no error

@@ -115,6 +115,9 @@ class GRPOConfig(_Section):
     eval_every: int = Field(
         10, ge=1, description="Greedy held-out evaluation every N steps (and at start and end)."
     )
+    tensorboard: bool = Field(
+        False, description="Also write every step's metrics as TensorBoard scalars to RUN_DIR/tensorboard."
+    )
     rollout_backend: Literal["auto", "hf", "vllm"] = Field(
         "auto",
         description="`hf`: transformers generate; `vllm`: a vLLM engine; `auto`: vLLM when it "

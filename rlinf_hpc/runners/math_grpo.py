@@ -8,7 +8,6 @@ inference, then per step feed prompts through rollout -> reward -> inference -> 
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from rlinf_hpc.engines.model import check_model_dir
 from rlinf_hpc.errors import UserError
 from rlinf_hpc.log import get_logger
 from rlinf_hpc.runtime.console import print_table
+from rlinf_hpc.runtime.metrics import MetricsLog, require_tensorboard
 from rlinf_hpc.runtime.plots import plot_training
 from rlinf_hpc.scheduler import Coordinator, Pipeline
 from rlinf_hpc.tasks import make_task
@@ -37,6 +37,8 @@ def validate(config: Config) -> None:
         )
     if config.model.path:
         check_model_dir(config.model.path)
+    if config.grpo.tensorboard:
+        require_tensorboard()
     make_task(config.task, config.job.seed)  # reads and checks JSONL files
 
 
@@ -85,7 +87,7 @@ def math_grpo_flow(coordinator: Coordinator) -> dict[str, Any]:
     grpo = config.grpo
     task = check_inputs(coordinator)
     run_dir: Path | None = coordinator.run_dir
-    metrics_file = (run_dir / "metrics.jsonl").open("w", encoding="utf-8") if run_dir else None
+    metrics = MetricsLog(run_dir, grpo.tensorboard)
 
     warm = coordinator.group("actor").call("warm_start").result()[0]
     log.info(
@@ -134,13 +136,10 @@ def math_grpo_flow(coordinator: Coordinator) -> dict[str, Any]:
             record["eval_accuracy"] = evaluate(coordinator, eval_set)["accuracy"]
             evals.append((step + 1, record["eval_accuracy"]))
         history.append(record)
-        if metrics_file is not None:
-            metrics_file.write(json.dumps(record) + "\n")
-            metrics_file.flush()
+        metrics.write(step + 1, record)
         _log_step(record, grpo.steps)
     pipe.close()
-    if metrics_file is not None:
-        metrics_file.close()
+    metrics.close()
     rl_seconds = time.monotonic() - started
     end_accuracy = evals[-1][1]
     if run_dir is not None:

@@ -1,0 +1,65 @@
+"""Per-step training metrics: one JSON line per step in ``RUN_DIR/metrics.jsonl`` and, when
+asked, TensorBoard scalars in ``RUN_DIR/tensorboard`` (numbers only; nested dicts flattened as
+``phases_s/rollout``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rlinf_hpc.errors import UserError
+
+
+def tensorboard_available() -> bool:
+    try:
+        from torch.utils.tensorboard import SummaryWriter  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def require_tensorboard() -> None:
+    if not tensorboard_available():
+        raise UserError(
+            "grpo.tensorboard = true but the tensorboard package is not installed; "
+            "`pip install tensorboard` (or the `dev` extra), or set grpo.tensorboard = false."
+        )
+
+
+def _scalars(record: dict[str, Any], prefix: str = "") -> dict[str, float]:
+    out: dict[str, float] = {}
+    for key, value in record.items():
+        if isinstance(value, dict):
+            out |= _scalars(value, f"{prefix}{key}/")
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[f"{prefix}{key}"] = float(value)
+    return out
+
+
+class MetricsLog:
+    """Write step records; a no-op without a run directory."""
+
+    def __init__(self, run_dir: Path | None, tensorboard: bool = False) -> None:
+        self._file = (run_dir / "metrics.jsonl").open("w", encoding="utf-8") if run_dir else None
+        self._writer: Any = None
+        if tensorboard and run_dir is not None:
+            require_tensorboard()
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+
+    def write(self, step: int, record: dict[str, Any]) -> None:
+        if self._file is not None:
+            self._file.write(json.dumps(record) + "\n")
+            self._file.flush()
+        if self._writer is not None:
+            for name, value in _scalars(record).items():
+                if name != "step":
+                    self._writer.add_scalar(name, value, step)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+        if self._writer is not None:
+            self._writer.close()
