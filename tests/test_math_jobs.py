@@ -120,3 +120,26 @@ def test_job_runs_from_a_local_hugging_face_directory(tmp_path: Path) -> None:
     model_dir = make_tiny_hf_model(tmp_path / "model")
     summary, _ = _run(tmp_path, 5, [*TINY, f"model.path={model_dir}"])
     assert summary["outcome"] == "ok" and summary["steps"] == 2
+
+
+def test_warm_start_cache_is_reused_and_a_damaged_one_retrained(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    sets = [*[s for s in TINY if not s.startswith("sft.cache_dir")], f"sft.cache_dir={cache}"]
+    first, _ = _run(tmp_path, 5, sets, "first")
+    assert first["warm_start"]["cached"] is False
+    (saved,) = cache.glob("sft-*.pt")
+    second, _ = _run(tmp_path, 5, sets, "second")
+    assert second["warm_start"]["cached"] is True
+    assert second["eval_accuracy_start"] == first["eval_accuracy_start"]
+    saved.write_bytes(b"not a checkpoint")
+    args = ["run", str(CONFIGS / "math_grpo_tiny.toml"), "--np", "5", "--run-dir", str(tmp_path / "third")]
+    for item in sets:
+        args += ["--set", item]
+    result = rlinf(*args, timeout=300)
+    assert result.returncode == 0, result.output
+    assert "is unusable" in result.output and "training again" in result.output
+    third = json.loads((tmp_path / "third" / "summary.json").read_text())
+    assert (
+        third["warm_start"]["cached"] is False
+        and third["eval_accuracy_start"] == first["eval_accuracy_start"]
+    )

@@ -82,7 +82,9 @@ class ActorWorker(PolicyWorker):
                 "sft": sft.model_dump(mode="json", exclude={"cache_dir"}),
                 "seed": self.config.job.seed,
                 "ranks": self.group_size,
-                "format": 1,
+                "backend": self.config.grpo.train_backend,
+                "vocab": getattr(self.tokenizer, "chars", self.tokenizer.vocab_size),
+                "format": 2,
             },
             sort_keys=True,
         )
@@ -93,16 +95,19 @@ class ActorWorker(PolicyWorker):
         sft = self.config.sft
         started = time.monotonic()
         cache = self._cache_file()
-        cached = self.group.bcast(cache is not None and cache.is_file())
-        if cached:
-            if self.group_rank == 0:
-                assert cache is not None
+        loaded = False
+        if self.group_rank == 0 and cache is not None and cache.is_file():
+            try:
                 self.model.load_state_dict(torch.load(cache, map_location=self.device, weights_only=True))
+                loaded = True
+            except Exception as exc:  # noqa: BLE001 - a damaged or foreign file: train instead
+                self.log.warning("warm-start cache %s is unusable (%s): training again", cache, exc)
+        if self.group.bcast(loaded):
             broadcast_parameters(self.model)
             self._start_rl()
             self.log.info("warm start loaded from %s", cache)
             return {"cached": True, "seconds": time.monotonic() - started, "loss": None, "path": str(cache)}
-        share = sft.batch_size // self.group_size
+        lo, hi = even_share(sft.batch_size, self.group_size, self.group_rank)
         loss_value = float("nan")
         checks = self.task.train_batch(0, sft.check_size, stream="sft-check")
         accuracy = None
@@ -114,7 +119,7 @@ class ActorWorker(PolicyWorker):
                     break
             steps_run = step + 1
             problems = self.task.train_batch(step, sft.batch_size, stream="sft")
-            mine = problems[self.group_rank * share : (self.group_rank + 1) * share]
+            mine = problems[lo:hi]
             loss = self._sft_loss(mine)
             self.trainer.step(loss)
             loss_value = loss.item()
@@ -193,14 +198,12 @@ class ActorWorker(PolicyWorker):
             for g in groups
             for j, ids in enumerate(g["completions"])
         ]
-        share = len(samples) // self.group_size
-        lo = self.group_rank * share
-        mine, my_adv = samples[lo : lo + share], advantages[lo : lo + share]
-        per_step = share // grpo.minibatches
+        lo, hi = even_share(len(samples), self.group_size, self.group_rank)
+        mine, my_adv = samples[lo:hi], advantages[lo:hi]
         stats = []
         for _ in range(grpo.update_epochs):
             for m in range(grpo.minibatches):
-                part = slice(m * per_step, (m + 1) * per_step)
+                part = slice(*even_share(len(mine), grpo.minibatches, m))
                 chunk = mine[part]
                 logprobs = sequence_logprobs(
                     self.trainer.module,
@@ -237,3 +240,16 @@ class ActorWorker(PolicyWorker):
         tagged = [(rank, (WEIGHTS_TAG, component)) for rank, component in targets]
         nbytes = send_weights(self.comm, self.model, tagged)
         return {"seconds": time.monotonic() - started, "bytes": nbytes}
+
+
+def even_share(total: int, parts: int, index: int) -> tuple[int, int]:
+    """``[lo, hi)`` of part ``index`` when ``total`` items are split into ``parts`` contiguous
+    parts whose sizes differ by at most one (manual placements are checked to divide evenly;
+    a split chosen by ``auto`` may not).
+
+    >>> [even_share(10, 3, i) for i in range(3)]
+    [(0, 4), (4, 7), (7, 10)]
+    """
+    base, extra = divmod(total, parts)
+    lo = index * base + min(index, extra)
+    return lo, lo + base + (1 if index < extra else 0)
