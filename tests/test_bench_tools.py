@@ -70,3 +70,22 @@ def test_bench_switch_writes_ratio_and_compression(tmp_path: Path) -> None:
             assert data["raw"][f"{mode}_{dtype}_ratio"] >= 1.0
     # a small update is what XOR deltas are for: far better than compressing the weights again
     assert data["raw"]["delta_bf16_ratio"] > 2 * data["raw"]["plain_bf16_ratio"]
+
+
+def test_bench_e2e_runs_every_mode_and_writes_both_ratios(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    tiny = [
+        "model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.intermediate_size=64",
+        "task.digits=1", "task.eval_size=16", "sft.batch_size=16", "grpo.prompts_per_step=8",
+        "grpo.group_size=4", "grpo.max_new_tokens=3",
+    ]  # fmt: skip
+    command = [str(BIN / "python"), str(REPO / "tools" / "bench_e2e.py"), "--steps", "5", "--json", str(out)]
+    for item in tiny:
+        command += ["--set", item]
+    result = run_command(command, timeout=600)
+    assert result.returncode in (0, 1), result.output  # 1 = a bound missed (tiny workload, busy box)
+    data = json.loads(out.read_text())
+    assert set(data["ratios"]) == {"best_vs_naive", "auto_vs_best"}
+    assert set(data["raw"]) == {"naive", "disaggregated", "collocated", "hybrid", "auto"}
+    assert all(r["step_s"] > 0 and 0 <= r["bubble_fraction"] <= 1 for r in data["raw"].values())
+    assert data["raw"]["auto"]["placement"].startswith("auto:")

@@ -58,7 +58,7 @@ def mode_settings(mode: str, workers: int) -> list[str]:
     return ["placement.mode=auto", "placement.auto_warmup_steps=2"]
 
 
-def run_mode(mode: str, steps: int, np: int, cache: Path, out: Path) -> dict[str, float]:
+def run_mode(mode: str, steps: int, np: int, cache: Path, out: Path, extra: list[str]) -> dict[str, float]:
     run_dir = out / mode
     command = [
         str(Path(sys.executable).parent / "rlinf-hpc"), "run", str(REPO / "configs" / "math_grpo_tiny.toml"),
@@ -66,7 +66,7 @@ def run_mode(mode: str, steps: int, np: int, cache: Path, out: Path) -> dict[str
         "--set", f"grpo.steps={steps}", "--set", f"grpo.eval_every={steps}",
         "--set", f"sft.cache_dir={cache}", "--set", "sft.steps=60", "--set", "sft.stop_at_accuracy=1.0",
     ]  # fmt: skip
-    for item in mode_settings(mode, np - 1):
+    for item in [*extra, *mode_settings(mode, np - 1)]:
         command += ["--set", item]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     started = time.monotonic()
@@ -97,7 +97,10 @@ def main() -> int:
     parser.add_argument("--json", help="write {'ratios': ..., 'raw': ...} here")
     parser.add_argument("--steps", type=int, default=12, help="GRPO steps per mode")
     parser.add_argument("--np", type=int, default=5, help="total ranks (coordinator + 4 workers)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
     args = parser.parse_args()
+    if args.steps < 5:
+        parser.error("--steps must be >= 5 (auto warms up for 2 steps; the first 2-3 are not measured)")
     sys.path.insert(0, str(REPO))
     from rlinf_hpc.runtime.console import print_table
 
@@ -105,7 +108,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-e2e-") as tmp:
         for mode in ("naive", "disaggregated", "collocated", "hybrid", "auto"):
             print(f"running {mode} ...", flush=True)
-            raw[mode] = run_mode(mode, args.steps, args.np, Path(tmp) / "sft", Path(tmp))
+            raw[mode] = run_mode(mode, args.steps, args.np, Path(tmp) / "sft", Path(tmp), args.set)
     manual = {m: raw[m]["step_s"] for m in ("disaggregated", "collocated", "hybrid")}
     best = min(manual, key=manual.__getitem__)
     ratios = {
