@@ -67,3 +67,17 @@ def test_elastic_batching_moves_in_the_right_direction_and_stays_in_bounds() -> 
 def test_elastic_batching_rejects_min_above_max() -> None:
     with pytest.raises(ValueError, match=r"minimum \(64\) must be >= 1 and <= maximum \(32\)"):
         ElasticBatching(minimum=64, maximum=32)
+
+
+def test_shrunken_micro_batch_grows_back_once_downstream_keeps_up() -> None:
+    from rlinf_hpc.scheduler.elastic import ElasticBatching
+
+    batching = ElasticBatching(minimum=4, maximum=64, size=8, wait_threshold_s=0.1, patience=3, start=32)
+    assert batching.start == 32
+    sizes = [batching.update(0.0, 0.1)[0] for _ in range(3)]
+    assert sizes == [8, 8, 16]  # a carried-over small size grows toward the configured start
+    assert batching.update(0.05, 0.1) == (16, None)  # waiting, but under the threshold: no change
+    assert [batching.update(0.05, 0.1)[0] for _ in range(5)] == [16] * 5  # not calm (> 0.1 / 4)
+    assert [batching.update(0.0, 0.1)[0] for _ in range(6)] == [16, 16, 32, 32, 32, 32]  # never above start
+    assert batching.update(0.5, 0.1)[0] == 16
+    assert "grow back to 32" in batching.history[-2][2]

@@ -43,6 +43,7 @@ def run_stage(worker: Worker, spec: StageSpec) -> dict[str, Any]:
         carried.get(spec.method, spec.micro_batch) if spec.elastic else spec.micro_batch,
         spec.wait_threshold_s,
         spec.memory_threshold,
+        start=spec.micro_batch,
     )
     outputs: list[Any] = []
     sizes: list[int] = []
