@@ -48,7 +48,8 @@ def check_inputs(coordinator: Coordinator) -> Any:
     task = make_task(config.task, config.job.seed)
     actor_ranks = len(coordinator.placement.ranks_of("actor"))
     samples = config.grpo.prompts_per_step * config.grpo.group_size
-    if samples % (actor_ranks * config.grpo.minibatches) or config.sft.batch_size % actor_ranks:
+    uneven = samples % (actor_ranks * config.grpo.minibatches) or config.sft.batch_size % actor_ranks
+    if uneven and config.placement.mode != "auto":  # auto's choices are split as evenly as possible
         raise UserError(
             f"{samples} samples per step (or sft.batch_size {config.sft.batch_size}) cannot be split "
             f"evenly over the {actor_ranks} actor rank(s) this placement gives; adjust "

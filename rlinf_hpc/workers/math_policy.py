@@ -21,7 +21,7 @@ from rlinf_hpc.engines.tokenizer import CharTokenizer, Tokenizer
 from rlinf_hpc.errors import UserError
 from rlinf_hpc.tasks import make_task, score_completion
 from rlinf_hpc.workers.base import Worker
-from rlinf_hpc.workers.weights import receive_weights
+from rlinf_hpc.workers.weights import receive_weights, take_weights
 
 #: Data-plane tag of weight-sync messages.
 WEIGHTS_TAG = "policy-weights"
@@ -121,7 +121,7 @@ class RolloutWorker(PolicyWorker):
         if self.engine is None:
             return super().pull_weights(source)
         started = time.monotonic()
-        state = self.comm.recv(source, (WEIGHTS_TAG, self.component))
+        state = take_weights(self.comm, source, (WEIGHTS_TAG, self.component))
         self.engine.load_weights(state.items())
         nbytes = sum(t.numel() * t.element_size() for t in state.values())
         return {"seconds": time.monotonic() - started, "bytes": nbytes}

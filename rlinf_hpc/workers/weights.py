@@ -37,20 +37,27 @@ def send_weights(plane: DataPlane, model: torch.nn.Module, targets: list[tuple[i
     return sum(t.numel() * t.element_size() for t in params.values())
 
 
-def receive_weights(plane: DataPlane, model: torch.nn.Module, source: int, tag: Any) -> int:
-    """Receive parameters sent by `send_weights` from world rank ``source`` into ``model``."""
-    params = parameters_of(model)
+def take_weights(plane: DataPlane, source: int, tag: Any) -> dict[str, torch.Tensor]:
+    """The parameters sent by `send_weights` from world rank ``source``, as a new dict (for
+    engines that load weights themselves, e.g. vLLM)."""
     if source == plane.rank:
         state = _mailbox.pop(tag, None)
         if state is None:
             raise RuntimeError("no weights were pushed on this rank before the pull")
-        with torch.no_grad():
-            for name, tensor in params.items():
-                tensor.copy_(state[name])
+        return state
+    return plane.recv(source, tag)
+
+
+def receive_weights(plane: DataPlane, model: torch.nn.Module, source: int, tag: Any) -> int:
+    """Receive parameters sent by `send_weights` from world rank ``source`` into ``model``
+    (in place: from another rank the bytes land directly in the parameters)."""
+    params = parameters_of(model)
+    if source == plane.rank:
+        received = take_weights(plane, source, tag)
     else:
         received = plane.recv(source, tag, out=params)
-        if any(received[name] is not tensor for name, tensor in params.items()):  # landed elsewhere
-            with torch.no_grad():
-                for name, tensor in params.items():
-                    tensor.copy_(received[name])
+    if any(received[name] is not tensor for name, tensor in params.items()):  # a copy to write back
+        with torch.no_grad():
+            for name, tensor in params.items():
+                tensor.copy_(received[name])
     return sum(t.numel() * t.element_size() for t in params.values())
