@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Everything that only a GPU machine can check, in one short run (for a session that is lent a
+# GPU: run it once, keep the output). Needs the venv (`pip install -e '.[mpich,dev]'`); installs
+# nothing itself. Steps:
+#   1. the GPU tests: NCCL links and device staging (tests/test_comm_gpu.py), CUDA log-probs and,
+#      when vLLM is installed, the vLLM rollout engine (tests/test_math_gpu.py);
+#   2. a tiny math GRPO job with every component on the GPU, collocated on 2 ranks (DDP over NCCL,
+#      full context switches through pinned host memory, weight sync on the device);
+#   3. the communication benchmark (NCCL vs host paths) with one repetition.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:-gpu-smoke}
+mkdir -p "$OUT"
+export OMP_NUM_THREADS=1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/nvidia-smi.txt"
+
+echo "== 1. GPU tests"
+.venv/bin/python -m pytest -q -rs tests/test_comm_gpu.py tests/test_math_gpu.py 2>&1 | tee "$OUT/pytest.txt"
+
+echo "== 2. tiny math GRPO on the GPU, collocated over 2 ranks"
+sets=(
+    placement.mode=collocated
+    components.rollout.num_ranks=2 components.reward.num_ranks=2
+    components.inference.num_ranks=2 components.actor.num_ranks=2
+    components.rollout.device=gpu components.inference.device=gpu components.actor.device=gpu
+    grpo.steps=10 grpo.eval_every=5 sft.cache_dir="$OUT/sft-cache"
+)
+args=()
+for item in "${sets[@]}"; do args+=(--set "$item"); done
+timeout 600 .venv/bin/rlinf-hpc run configs/math_grpo_tiny.toml --np 3 --run-dir "$OUT/grpo" "${args[@]}" 2>&1 \
+    | tail -n 40 | tee "$OUT/grpo.txt"
+
+echo "== 3. communication benchmark"
+timeout 300 .venv/bin/python tools/bench_comm.py --repeats 1 --json "$OUT/bench_comm.json" 2>&1 | tail -n 30 \
+    | tee "$OUT/bench_comm.txt"
+echo "results in $OUT/"
