@@ -24,7 +24,7 @@ from rlinf_hpc.runtime.console import print_table
 from rlinf_hpc.runtime.events import EventLog
 from rlinf_hpc.runtime.signals import install_signal_handlers
 from rlinf_hpc.runtime.timeline import Timeline, write_spans
-from rlinf_hpc.scheduler import Coordinator, describe_failure, placement_rows
+from rlinf_hpc.scheduler import Coordinator, placement_rows
 from rlinf_hpc.workers import WorkerService, resolve_worker_class
 
 log = get_logger("job")
@@ -190,3 +190,16 @@ def _write_summary(run_dir: Path | None, outcome: str, started: float, result: A
     tmp = run_dir / "summary.json.tmp"
     tmp.write_text(json.dumps(summary, indent=2, default=str), encoding="utf-8")
     tmp.replace(run_dir / "summary.json")
+
+
+def describe_failure(exc: BaseException) -> str:
+    """One message for the console, naming rank, component and error where known."""
+    if isinstance(exc, WorkerError):
+        text = f"job failed: {exc}"
+        if exc.remote_traceback:
+            text += f"\n  remote traceback (rank {exc.rank}):\n    "
+            text += exc.remote_traceback.rstrip().replace("\n", "\n    ")
+        return text
+    if isinstance(exc, CommTimeoutError):
+        return f"job failed: {exc}"
+    return f"job failed on rank 0 (coordinator): {type(exc).__name__}: {exc}"

@@ -1,6 +1,6 @@
 """Coordinator, component groups, placement and the coordinator <-> worker protocol."""
 
-from rlinf_hpc.scheduler.coordinator import Coordinator, describe_failure
+from rlinf_hpc.scheduler.coordinator import Coordinator
 from rlinf_hpc.scheduler.futures import CallFuture, GroupFuture
 from rlinf_hpc.scheduler.group import ComponentGroup
 from rlinf_hpc.scheduler.pipeline import Pipeline, StepResult
@@ -14,7 +14,6 @@ __all__ = [
     "Pipeline",
     "Placement",
     "StepResult",
-    "describe_failure",
     "effective_device",
     "placement_rows",
     "plan_placement",

@@ -18,7 +18,7 @@ from rlinf_hpc.channel import Channel, channel_for
 from rlinf_hpc.cluster import RankSlot
 from rlinf_hpc.comm import COORDINATOR_RANK, Backoff, ControlPlane, DataPlane, Directory, abort, poll_until
 from rlinf_hpc.config import Config, config_from_dict
-from rlinf_hpc.errors import CommTimeoutError, UserError, WorkerError
+from rlinf_hpc.errors import UserError, WorkerError
 from rlinf_hpc.log import get_logger
 from rlinf_hpc.scheduler.futures import CallFuture, GroupFuture
 from rlinf_hpc.scheduler.group import ComponentGroup
@@ -392,16 +392,3 @@ class Coordinator:
         )
         abort(exit_code or 1)
         return False
-
-
-def describe_failure(exc: BaseException) -> str:
-    """One message for the console, naming rank, component and error where known."""
-    if isinstance(exc, WorkerError):
-        text = f"job failed: {exc}"
-        if exc.remote_traceback:
-            text += f"\n  remote traceback (rank {exc.rank}):\n    "
-            text += exc.remote_traceback.rstrip().replace("\n", "\n    ")
-        return text
-    if isinstance(exc, CommTimeoutError):
-        return f"job failed: {exc}"
-    return f"job failed on rank 0 (coordinator): {type(exc).__name__}: {exc}"

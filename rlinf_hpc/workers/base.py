@@ -56,6 +56,8 @@ class Worker:
         request: Callable[[str, dict[str, Any]], Any],
     ) -> None:
         self._request = request
+        #: Elastic micro-batch size per stage method, carried from one pipeline step to the next.
+        self.stage_sizes: dict[str, int] = {}
         self.comm = comm
         self.component = component
         self.rank = rank

@@ -36,7 +36,7 @@ def run_stage(worker: Worker, spec: StageSpec) -> dict[str, Any]:
         raise AttributeError(f"{name} has no public method '{spec.method}' to run as a stage")
     source = worker.channel(spec.source)
     sink = worker.channel(spec.sink) if spec.sink else None
-    carried = worker.__dict__.setdefault("_stage_sizes", {})  # sizes carry over between steps
+    carried = worker.stage_sizes  # sizes carry over between steps
     batching = ElasticBatching(
         spec.min_micro_batch,
         spec.max_micro_batch,
