@@ -29,9 +29,10 @@ from rlinf_hpc.comm.handles import WorkHandle
 from rlinf_hpc.comm.inbox import Inbox
 from rlinf_hpc.comm.links import Link, Links
 from rlinf_hpc.comm.mpi import mpi, world
-from rlinf_hpc.comm.packing import Leaf, pack
+from rlinf_hpc.comm.packing import Leaf, pack, unpicklable_path
 from rlinf_hpc.comm.routing import HOST, choose_route
-from rlinf_hpc.comm.sending import Batch, CommOptions, size_text, staged_chunks
+from rlinf_hpc.comm.sending import Batch, CommOptions, SendLedger, SendRecord, size_text, staged_chunks
+from rlinf_hpc.errors import CommTimeoutError
 
 _ENVELOPE_TAG = 21
 _PAYLOAD_TAG = 22
@@ -58,7 +59,7 @@ class DataPlane:
         self.device = device
         self.options = options or CommOptions()
         self._batches: dict[int, Batch] = {}
-        self._inflight: list[WorkHandle] = []
+        self._ledger = SendLedger()
         self._directory_listeners: list[Callable[[Directory, Directory], None]] = []
         #: Called as hook(name, category, lane, start, end, **args) for each large transfer.
         self.span_hook: Callable[..., None] | None = None
@@ -112,57 +113,76 @@ class DataPlane:
 
     # -- sending -------------------------------------------------------------------------------
     def send(self, obj: Any, dst: Address, tag: Any = 0, timeout: float | None = None) -> None:
-        """Send ``obj`` and wait until its buffers may be reused."""
-        self._start_send(obj, dst, tag, coalesce=False, track=False).wait(timeout)
+        """Send ``obj`` and wait until its buffers may be reused.
+
+        Two ranks may `send` to each other at the same moment: while a send waits, this rank
+        takes in the envelopes that arrive (posting their payload receives), so the peer's send
+        completes and then this one does.
+
+        If the wait times out (`CommTimeoutError`), the message is not withdrawn: it is
+        delivered intact if the receiver ever takes it, and the data plane keeps every buffer
+        it reads alive until MPI is done with them. Do not modify a tensor whose send timed
+        out (send a copy if you must).
+        """
+        self._start_send(obj, dst, tag, coalesce=False).wait(timeout)
 
     def isend(self, obj: Any, dst: Address, tag: Any = 0, coalesce: bool = True) -> WorkHandle:
         """Start sending ``obj``; returns a handle. Buffers must stay unchanged until it is done
-        (small coalesced messages are copied at once and are safe to change immediately)."""
-        return self._start_send(obj, dst, tag, coalesce, track=True)
+        (small coalesced messages are copied at once and are safe to change immediately).
 
-    def _start_send(self, obj: Any, dst: Address, tag: Any, coalesce: bool, track: bool) -> WorkHandle:
+        The handle may be dropped unwaited: the data plane keeps the message's buffers until
+        MPI has sent them. An object that cannot travel raises here (TypeError naming the path
+        inside it), never later when a batch leaves, so other messages are not affected.
+        """
+        return self._start_send(obj, dst, tag, coalesce)
+
+    def _start_send(self, obj: Any, dst: Address, tag: Any, coalesce: bool) -> WorkHandle:
         rank = self.resolve(dst)
         description, leaves = pack(obj)
         nbytes = sum(leaf.nbytes for leaf in leaves)
         if coalesce and nbytes < self.options.coalesce_below:
-            return self._queue_small(rank, tag, description, leaves, nbytes)
+            return self._queue_small(rank, tag, obj, description, leaves, nbytes)
         self._flush_batch(rank)  # earlier small messages must leave first to keep order
         if nbytes < self.options.inline_below:
             payloads = [leaf.host_bytes() for leaf in leaves]
-            envelope = wire.encode(("S", tag, description, True, 0), payloads)
-            requests = [self._comm.Isend([envelope, mpi().BYTE], rank, _ENVELOPE_TAG)]
-            keep: list[Any] = [envelope]
+            header = ("S", tag, description, True, 0)
+            envelope = self._encode(header, payloads, obj, rank)
+            record = SendRecord([self._comm.Isend([envelope, mpi().BYTE], rank, _ENVELOPE_TAG)], [envelope])
             self._count(envelopes=1, nbytes=len(envelope))
-            works: list[Any] = []
         else:
-            requests, works, keep = self._send_large(rank, tag, description, leaves)
-        handle = self._send_handle(rank, tag, nbytes, requests, works, keep)
-        if track:  # so that `progress` completes it even if the caller never waits
-            self._inflight.append(handle)
-        return handle
+            record = self._send_large(rank, tag, obj, description, leaves)
+        record.description = f"send to {self._name(rank)} (tag {tag!r}, {size_text(nbytes)})"
+        self._ledger.add(record)
+        return self._send_handle(rank, tag, nbytes, record)
 
-    def _send_handle(
-        self, rank: int, tag: Any, nbytes: int, requests: list[Any], works: list[Any], keep: list[Any]
-    ) -> WorkHandle:
+    def _encode(self, header: Any, payloads: list[Any], obj: Any, rank: int) -> bytearray:
+        try:
+            return wire.encode(header, payloads, checksum=self.options.verify)
+        except Exception as error:  # noqa: BLE001 - pickle raises many types
+            raise self._unsendable(obj, header[1], rank, error) from error
+
+    def _unsendable(self, obj: Any, tag: Any, rank: int, error: BaseException) -> TypeError:
+        path = unpicklable_path(obj) or (f"tag {tag!r}" if unpicklable_path(tag, "tag") else "obj")
+        return TypeError(
+            f"cannot send to {self._name(rank)}: {path} cannot be encoded ({type(error).__name__}: "
+            f"{error}); dict keys and tags must be picklable values (str, int, tuples of them, ...)"
+        )
+
+    def _send_handle(self, rank: int, tag: Any, nbytes: int, record: SendRecord) -> WorkHandle:
         started = time.time()
 
         def test() -> bool:
-            if requests and not mpi().Request.Testall(requests):
+            if not record.test():
                 return False
-            if works and not all(work.is_completed() for work in works):
-                return False
-            for work in works:
-                work.wait()  # raises if the link failed during the transfer
-            if keep:  # first completion: record the transfer
-                self._record(f"send to rank {rank}", started, nbytes, tag)
-            requests.clear()
-            works.clear()
-            keep.clear()
+            if record.error is not None:
+                raise record.error
+            self._record(f"send to rank {rank}", started, nbytes, tag)
             return True
 
         def finish() -> bool:
             """Once the receiver has the envelope (synchronous mode), its payload receives are
             posted: wait for the bytes inside MPI, which keeps large transfers pipelined."""
+            requests = record.requests
             if len(requests) < 2 or nbytes < _BLOCKING_WAIT_BYTES or not requests[0].Test():
                 return False
             mpi().Request.Waitall(requests)
@@ -175,10 +195,16 @@ class DataPlane:
                 f"{self._name(self.rank)} waited for {self._name(rank)} to receive a send "
                 f"(tag {tag!r}, {size_text(nbytes)})"
             ),
-            self.flush,
+            self._while_sending,
             active_bytes=nbytes,
             finish=finish,
         )
+
+    def _while_sending(self) -> None:
+        """Before each test of a send: flush batches, and take in envelopes sent to this rank,
+        so that a peer blocked in its own send to us (head-to-head) can complete."""
+        self.flush()
+        self._inbox.pull_any()
 
     def _routes(self, rank: int, leaves: list[Leaf]) -> list[str]:
         dst_device = self.directory.device_of(rank)
@@ -197,9 +223,7 @@ class DataPlane:
             for leaf in leaves
         ]
 
-    def _send_large(
-        self, rank: int, tag: Any, description: Any, leaves: list[Leaf]
-    ) -> tuple[list[Any], list[Any], list[Any]]:
+    def _send_large(self, rank: int, tag: Any, obj: Any, description: Any, leaves: list[Leaf]) -> SendRecord:
         chunk = self.options.chunk_bytes
         routes = self._routes(rank, leaves)
         links: dict[str, Link] = {}
@@ -212,32 +236,35 @@ class DataPlane:
             links[backend] = link
             if setup is not None:
                 setups.append(setup)
-        envelope = wire.encode(("S", tag, description, False, chunk, routes, setups))
+        sums = [wire.checksum(leaf.host_bytes()) for leaf in leaves] if self.options.verify else None
+        envelope = self._encode(("S", tag, description, False, chunk, routes, setups, sums), [], obj, rank)
         # Synchronous mode: the envelope's request completes once the receiver has taken it in,
         # which is when it posts its payload receives; the send handle then waits inside MPI.
-        requests = [self._comm.Issend([envelope, mpi().BYTE], rank, _ENVELOPE_TAG)]
-        keep: list[Any] = [envelope]
+        record = SendRecord([self._comm.Issend([envelope, mpi().BYTE], rank, _ENVELOPE_TAG)], [envelope])
         self._count(envelopes=1, nbytes=len(envelope))
         for backend, link in links.items():
             if link.group is None and not self.links.establish(link):  # the peer fails too
                 routes = [HOST if r == backend else r for r in routes]
-        works = []
         for leaf, route in zip(leaves, routes, strict=True):
             if route != HOST:
                 tensor = leaf.value.detach().contiguous()
-                keep.append(tensor)
-                works.append(links[route].send(tensor))
+                record.buffers.append(tensor)
+                record.works.append(links[route].send(tensor))
                 continue
             for piece in staged_chunks(leaf, chunk):
-                keep.append(piece)
-                requests.append(self._comm.Isend([piece, mpi().BYTE], rank, _PAYLOAD_TAG))
+                record.buffers.append(piece)
+                record.requests.append(self._comm.Isend([piece, mpi().BYTE], rank, _PAYLOAD_TAG))
                 self._count(payloads=1, nbytes=len(piece))
-                mpi().Request.Testall(requests)  # progress the sends while staging the next piece
-        return requests, works, keep
+                mpi().Request.Testall(record.requests)  # progress the sends while staging the next
+        return record
 
     def _queue_small(
-        self, rank: int, tag: Any, description: Any, leaves: list[Leaf], nbytes: int
+        self, rank: int, tag: Any, obj: Any, description: Any, leaves: list[Leaf], nbytes: int
     ) -> WorkHandle:
+        try:  # encoded now, so that a bad message fails here and alone
+            blob = wire.encode_message(tag, description)
+        except Exception as error:  # noqa: BLE001 - pickle raises many types
+            raise self._unsendable(obj, tag, rank, error) from error
         batch = self._batches.get(rank)
         if batch is None:
             batch = self._batches[rank] = Batch()
@@ -250,7 +277,7 @@ class DataPlane:
                 ),
                 lambda: None if batch.sent() else self._flush_batch(rank),
             )
-        batch.headers.append((tag, description))
+        batch.headers.append(blob)
         self.stats["messages_coalesced"] += 1
         for leaf in leaves:
             batch.payloads.append(bytes(leaf.host_bytes()))  # copied: the caller may reuse it
@@ -263,10 +290,13 @@ class DataPlane:
         batch = self._batches.pop(rank, None)
         if batch is None or not batch.headers:
             return
-        batch.envelope = wire.encode(("M", batch.headers), batch.payloads)
+        envelope = wire.encode(("M", batch.headers), batch.payloads, checksum=self.options.verify)
         batch.payloads = []
-        batch.request = self._comm.Isend([batch.envelope, mpi().BYTE], rank, _ENVELOPE_TAG)
-        self._count(envelopes=1, nbytes=len(batch.envelope))
+        request = self._comm.Isend([envelope, mpi().BYTE], rank, _ENVELOPE_TAG)
+        # The ledger, not the batch, owns the envelope: callers often drop batch handles.
+        batch.record = self._ledger.add(SendRecord([request], [envelope]))
+        batch.record.description = f"batch of {len(batch.headers)} small sends to {self._name(rank)}"
+        self._count(envelopes=1, nbytes=len(envelope))
 
     def flush(self) -> None:
         """Send every pending batch of small messages now."""
@@ -276,8 +306,7 @@ class DataPlane:
     def progress(self) -> None:
         """Flush batches and let finished sends release their buffers (call when idle)."""
         self.flush()
-        if self._inflight:
-            self._inflight = [h for h in self._inflight if not h.done()]
+        self._ledger.reap()
 
     # -- receiving -----------------------------------------------------------------------------
     def recv(
@@ -325,6 +354,11 @@ class DataPlane:
         marked: list[bool] = []
 
         def test() -> bool:
+            if waiter.withdrawn:
+                raise CommTimeoutError(
+                    f"receive from {self._name(rank)} (tag {tag!r}) timed out earlier and was "
+                    "withdrawn; post a new one"
+                )
             if waiter.item is None:
                 self._inbox.progress(rank)
                 if waiter.item is None and not marked:
@@ -348,12 +382,18 @@ class DataPlane:
             self._inbox.finish_landing(rank, tag)
             return True
 
+        def abandon() -> bool:
+            """Timed out: withdraw the receive, so that the next message goes to the next
+            receive — unless this one's message is here already and landing."""
+            return waiter.item is not None or not self._inbox.withdraw(rank, tag, waiter)
+
         handle = WorkHandle(
             test,
             result,
             lambda: f"{self._name(self.rank)} waited for {self._name(rank)} to send (tag {tag!r})",
             self.flush,
             finish=finish,
+            abandon=abandon,
         )
         return handle
 
@@ -384,7 +424,7 @@ class DataPlane:
             "links_live": self.links.live(),
             "links_created": self.links.created,
             "batches": sum(1 for b in self._batches.values() if b.headers),
-            "sends_in_flight": len(self._inflight),
+            "sends_in_flight": len(self._ledger),
             **self._inbox.counts(),
         }
 

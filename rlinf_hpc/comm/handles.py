@@ -15,6 +15,9 @@ TRANSFER_SPIN_S = 2e-3
 #: page-faulting receiver of 64 MB still finishes inside it).
 SPIN_BYTES_PER_S = 0.2e9
 
+#: How long past its timeout a wait may go on for a message whose bytes are already landing.
+ABANDON_GRACE_S = 10.0
+
 _NOTHING = object()
 
 
@@ -24,6 +27,15 @@ class WorkHandle:
 
     ``finish`` (optional) is tried before each sleep in `wait` (never in `done`): it may block
     inside MPI when the operation's bytes are known to be moving, and returns True if it did.
+
+    ``abandon`` (optional) runs when `wait` times out, before it raises: it withdraws the
+    operation (a receive stops being posted, so the next message goes to the next receive) and
+    returns False, or returns True when the operation is about to complete (its bytes are
+    landing) and the wait should go on.
+
+    Once complete, a handle drops its callables: they close over the handle itself and the
+    received object, and such a cycle would keep every received buffer alive until Python's
+    cycle collector runs.
 
     Waiting yields the core while a transfer is plausibly moving (`mark_active`: a few ms plus
     the time the bytes need at 1 GB/s), because MPI moves large shared-memory messages only
@@ -38,13 +50,15 @@ class WorkHandle:
         before_wait: Callable[[], None] | None = None,
         active_bytes: int = 0,
         finish: Callable[[], bool] | None = None,
+        abandon: Callable[[], bool] | None = None,
     ) -> None:
-        self._test = test
-        self._result = result
-        self._describe = describe
+        self._test: Callable[[], bool] | None = test
+        self._result: Callable[[], Any] | None = result
+        self._describe: Callable[[], str] | None = describe
         self._before_wait = before_wait
         self._value: Any = _NOTHING
         self._finish = finish
+        self._abandon = abandon
         self._spin = TRANSFER_SPIN_S
         self._activated = False
         if active_bytes:
@@ -61,8 +75,12 @@ class WorkHandle:
             return True
         if self._before_wait is not None:
             self._before_wait()
+        assert self._test is not None and self._result is not None
         if self._test():
-            self._value = self._result()
+            result = self._result
+            self._test = self._result = self._describe = None  # break the cycles (see above)
+            self._before_wait = self._finish = self._abandon = None
+            self._value = result()
             return True
         return False
 
@@ -80,6 +98,12 @@ class WorkHandle:
                 backoff.spin = self._spin
                 backoff.reset()
             if timeout is not None and time.monotonic() - start >= timeout:
+                # Its bytes are landing: finish instead of losing the message, within a grace.
+                landing = self._abandon is not None and self._abandon()
+                if landing and time.monotonic() - start < 2 * timeout + ABANDON_GRACE_S:
+                    backoff.sleep()
+                    continue
+                assert self._describe is not None
                 raise CommTimeoutError(
                     f"{self._describe()}: no answer after {time.monotonic() - start:.1f} s"
                 )
@@ -87,8 +111,9 @@ class WorkHandle:
         return self._value
 
     def __repr__(self) -> str:
-        state = "done" if self._value is not _NOTHING else "pending"
-        return f"<WorkHandle {self._describe()} {state}>"
+        if self._value is not _NOTHING or self._describe is None:
+            return "<WorkHandle done>"
+        return f"<WorkHandle {self._describe()} pending>"
 
 
 def wait_all(handles: list[WorkHandle], timeout: float | None = None) -> list[Any]:

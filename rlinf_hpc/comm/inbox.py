@@ -24,7 +24,7 @@ from rlinf_hpc.comm.routing import HOST, NCCL
 class Incoming:
     """A message whose envelope has arrived; its payload may still be landing."""
 
-    __slots__ = ("description", "in_place", "nbytes", "nodes", "requests", "tag", "values", "works")
+    __slots__ = ("description", "in_place", "nbytes", "nodes", "requests", "sums", "tag", "values", "works")
 
     def __init__(
         self,
@@ -36,6 +36,7 @@ class Incoming:
         nbytes: int,
         in_place: bool,
         works: list[Any] | None = None,
+        sums: list[int] | None = None,
     ) -> None:
         self.tag = tag
         self.description = description
@@ -48,6 +49,8 @@ class Incoming:
         self.in_place = in_place
         #: torch.distributed receives on links (NCCL/gloo) still in flight.
         self.works = works or []
+        #: Integrity mode: the sender's CRC32 of each leaf, checked when the object is rebuilt.
+        self.sums = sums
 
     def complete(self) -> bool:
         if self.requests and not mpi().Request.Testall(self.requests):
@@ -65,11 +68,13 @@ class Incoming:
 class Waiter:
     """One posted receive: the message it gets, and the caller's buffers if any."""
 
-    __slots__ = ("item", "out_leaves")
+    __slots__ = ("item", "out_leaves", "withdrawn")
 
     def __init__(self, out_leaves: list[Leaf] | None) -> None:
         self.out_leaves = out_leaves
         self.item: Incoming | None = None
+        #: Set when its wait timed out and it stopped being posted (see `Inbox.withdraw`).
+        self.withdrawn = False
 
 
 def _signature(kind: str, dtype: str, shape: tuple[int, ...]) -> str:
@@ -155,22 +160,47 @@ class Inbox:
             if not stash:
                 self._stash.pop(key, None)
 
-    def _pull_envelopes(self, rank: int) -> None:
+    def withdraw(self, rank: int, tag: Any, waiter: Waiter) -> bool:
+        """Stop ``waiter`` being posted (its wait timed out); False when its message has
+        arrived already (the envelope is here and its bytes are landing), so it must finish."""
+        key = (rank, tag)
+        waiters = self._waiting.get(key)
+        if waiters is None or waiter not in waiters:
+            return waiter.item is None
+        if list(waiters).index(waiter) < len(self._stash.get(key, ())):
+            return False  # the i-th stashed message belongs to the i-th posted receive
+        waiters.remove(waiter)
+        if not waiters:
+            del self._waiting[key]
+        waiter.withdrawn = True
+        return True
+
+    def pull_any(self) -> None:
+        """Take in envelopes from every source (a sender waiting here must not block a peer
+        that is sending to this rank at the same moment)."""
+        self._pull_envelopes(mpi().ANY_SOURCE)
+
+    def _pull_envelopes(self, source: int) -> None:
         MPI = mpi()
         while True:
             status = MPI.Status()
-            message = self._comm.Improbe(rank, self._envelope_tag, status)
+            message = self._comm.Improbe(source, self._envelope_tag, status)
             if message is None:
                 return
             envelope = bytearray(status.Get_count(MPI.BYTE))
             message.Recv([envelope, MPI.BYTE])
-            self._accept(rank, envelope)
+            rank = status.Get_source()
+            try:
+                self._accept(rank, envelope)
+            except wire.CorruptMessageError as error:
+                raise wire.CorruptMessageError(f"message from {self._name_of(rank)}: {error}") from None
 
     def _accept(self, rank: int, envelope: bytearray) -> None:
         header, tail = wire.decode(envelope)
         if header[0] == "M":
             offset = 0
-            for tag, description in header[1]:
+            for blob in header[1]:
+                tag, description = wire.decode_message(blob)
                 item, offset = self._fill_inline(rank, tag, description, tail, offset)
                 self._stash.setdefault((rank, tag), deque()).append(item)
             return
@@ -204,7 +234,7 @@ class Inbox:
                 requests.append(self._comm.Irecv([piece, mpi().BYTE], rank, self._payload_tag))
         nbytes = sum(leaf_nbytes(node) for node in nodes)
         self._stash.setdefault((rank, tag), deque()).append(
-            Incoming(tag, description, nodes, values, requests, nbytes, in_place, works)
+            Incoming(tag, description, nodes, values, requests, nbytes, in_place, works, routing[2])
         )
 
     def _link_routes(self, rank: int, routing: list[Any], count: int) -> list[str]:
@@ -213,9 +243,7 @@ class Inbox:
         A link that cannot be set up sends its leaves over the host path: the sender fails the
         same rendezvous and does the same.
         """
-        if not routing:
-            return [HOST] * count
-        routes, setups = routing
+        routes, setups = routing[0], routing[1]
         for setup in setups:
             if self._links.incoming(rank, setup[0], setup) is None:
                 routes = [HOST if r == setup[0] else r for r in routes]
@@ -276,6 +304,8 @@ class Inbox:
     def finish(self, item: Incoming, rank: int, device: str, out_leaves: list[Leaf] | None) -> Any:
         """Rebuild the object of a completed message (copying into out= if not in place)."""
         nodes, values = item.nodes, item.values
+        if item.sums is not None:
+            self._verify(item, rank)
         if out_leaves is not None and not item.in_place:
             problem = out_mismatch(nodes, out_leaves)
             if problem is not None:
@@ -289,6 +319,15 @@ class Inbox:
         elif out_leaves is None and device != "cpu":
             values = [v.to(device) if n[0] == "T" else v for v, n in zip(values, nodes, strict=True)]
         return unpack(item.description, values)
+
+    def _verify(self, item: Incoming, rank: int) -> None:
+        for index, (node, value, expected) in enumerate(zip(item.nodes, item.values, item.sums, strict=True)):
+            actual = wire.checksum(Leaf(node[0], value, leaf_nbytes(node)).host_bytes())
+            if actual != expected:
+                raise wire.CorruptMessageError(
+                    f"payload leaf {index} of a message from {self._name_of(rank)} (tag {item.tag!r}, "
+                    f"{item.nbytes} bytes) failed its checksum ({actual:#010x} != {expected:#010x})"
+                )
 
     def take_ready(self, rank: int, tag: Any) -> Incoming | None:
         """The next complete message from (rank, tag) if no posted receive is ahead of it."""

@@ -24,6 +24,7 @@ import dataclasses
 import functools
 import importlib
 import math
+import pickle
 import sys
 from collections import OrderedDict
 from typing import Any
@@ -146,6 +147,41 @@ def _pack(obj: Any, path: str, leaves: list[Leaf]) -> Any:
         f"{path}: cannot send a {kind.__module__}.{kind.__qualname__}; supported are tensors, "
         "numpy arrays, dict/list/tuple/dataclass/namedtuple, scalars, str, bytes and None"
     )
+
+
+def unpicklable_path(obj: Any, root: str = "obj") -> str | None:
+    """The path of the first part of ``obj`` that pickle refuses (dict keys included), or None.
+
+    Used only after encoding failed, to say where: descriptions hold the object's dict keys
+    and scalars raw.
+    """
+    if _picklable(obj):
+        return None
+    children: list[tuple[str, Any]] = []
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            if not _picklable(key):
+                return f"{root} key {key!r}"
+            children.append((root + _path_key(key), value))
+    elif isinstance(obj, (list, tuple)):
+        children = [(f"{root}[{i}]", v) for i, v in enumerate(obj)]
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        children = [(f"{root}.{f.name}", getattr(obj, f.name)) for f in dataclasses.fields(obj)]
+    for path, child in children:
+        found = unpicklable_path(child, path)
+        if found is not None:
+            return found
+    return root
+
+
+def _picklable(obj: Any) -> bool:
+    if _is_tensor(obj) or isinstance(obj, np.ndarray):
+        return True  # leaves travel as raw bytes
+    try:
+        pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # noqa: BLE001 - pickle raises many types
+        return False
+    return True
 
 
 def unpack(description: Any, leaf_values: list[Any]) -> Any:
