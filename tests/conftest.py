@@ -15,6 +15,11 @@ TESTS_DIR = Path(__file__).resolve().parent
 REPO = TESTS_DIR.parent
 BIN = Path(sys.executable).parent
 CONFIGS = REPO / "configs"
+#: Variables with which a developer runs part of an MPI check program by hand; the suite
+#: always runs all of it.
+SUBSET_VARIABLES = frozenset(
+    {"COMM_CHECKS", "CHANNEL_CHECKS", "HARDENING_CHECKS", "STRESS_CHECKS", "GPU_CHECKS", "RING_EXAMPLES"}
+)
 
 
 @dataclass
@@ -34,6 +39,7 @@ def job_env(extra: dict[str, str] | None = None) -> dict[str, str]:
         k: v
         for k, v in os.environ.items()
         if not k.startswith(("SLURM_", "PMI_", "OMPI_", "PMIX_", "MPI_LOCAL", "RLINF_HPC_"))
+        and k not in SUBSET_VARIABLES
     }
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS_DIR), env.get("PYTHONPATH")]))
     env["OMP_NUM_THREADS"] = "1"

@@ -11,10 +11,16 @@ from rlinf_hpc.comm.mpi import world
 
 
 def run_checks(checks: list[tuple[str, Callable[[], None]]], label: str, only_env: str) -> int:
-    """Run ``checks`` in order on every rank (``$only_env`` may list a subset by name)."""
+    """Run ``checks`` in order on every rank (``$only_env`` may list a subset by name; a subset
+    run ends with an ``ONLY [...] OK`` line instead of ``label``, and unknown names fail)."""
     comm = world()
     rank = comm.Get_rank()
     only = set(filter(None, os.environ.get(only_env, "").split(",")))
+    unknown = only - {name for name, _ in checks}
+    if unknown:
+        if rank == 0:
+            sys.stderr.write(f"${only_env} names unknown checks {sorted(unknown)}\n")
+        comm.Abort(2)
     for name, check in checks:
         if only and name not in only:
             continue
@@ -28,5 +34,8 @@ def run_checks(checks: list[tuple[str, Callable[[], None]]], label: str, only_en
         if rank == 0:
             print(f"CHECK {name} ok", flush=True)
     if rank == 0:
-        print(f"{label} on {comm.Get_size()} ranks", flush=True)
+        if only:  # never the full-run line: a partial run must not pass for a whole one
+            print(f"ONLY {sorted(only)} (set by ${only_env}) OK on {comm.Get_size()} ranks", flush=True)
+        else:
+            print(f"{label} on {comm.Get_size()} ranks", flush=True)
     return 0
