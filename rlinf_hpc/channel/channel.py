@@ -78,6 +78,13 @@ class Channel(ProducerSide, ConsumerSide):
         self._get_wait_s = 0.0
         self._forwarded_items = 0
         self._refresh_views()
+        # Acknowledgements owed upstream leave whenever this rank waits on anything, so that
+        # a rank blocked downstream never holds back the producers feeding it.
+        plane.add_poll_hook(self._flush_owed_acks)
+
+    def _flush_owed_acks(self) -> None:
+        if self._acks:
+            self._flush_acks(force=True)
 
     # -- membership ------------------------------------------------------------------------
     @property
@@ -144,6 +151,7 @@ class Channel(ProducerSide, ConsumerSide):
                     f"and waited {timeout:.0f} s for producers {sorted(producers)} to stop sending"
                 )
             else:
+                self.plane.poll()  # keep taking in what others send here (no cycle deadlocks)
                 backoff.sleep()
         targets = [ConsumerView(i, rank) for i, rank in enumerate(new.consumers)]
         handles = []

@@ -104,7 +104,7 @@ class ConsumerSide:
                 f"{self.plane.directory.name_of(self.plane.rank)} waited for an item of channel "
                 f"'{self.name}' from producers {list(self._spec.producers)}"
             ),
-            self.plane.flush,
+            self.plane.poll,
         )
 
     def _serve_pending_gets(self) -> None:
@@ -234,6 +234,7 @@ class ConsumerSide:
                         f"for an item of channel '{self.name}' from producers "
                         f"{list(self._spec.producers)}"
                     )
+                self.plane.poll()  # keep taking in what others send here (no cycle deadlocks)
                 backoff.sleep()
         finally:
             self._get_wait_s += time.monotonic() - start

@@ -130,6 +130,7 @@ class ProducerSide:
                     f"in channel '{self.name}' (capacity {self._spec.capacity}); consumers "
                     f"{list(self._spec.consumers)} are not taking items"
                 )
+            self.plane.poll()  # keep taking in what others send here (no cycle deadlocks)
             backoff.sleep()
             if self._take_acks():
                 backoff.reset()

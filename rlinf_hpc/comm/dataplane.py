@@ -19,6 +19,7 @@ One DataPlane per rank, used from the rank's main thread.
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -61,6 +62,7 @@ class DataPlane:
         self._batches: dict[int, Batch] = {}
         self._ledger = SendLedger()
         self._directory_listeners: list[Callable[[Directory, Directory], None]] = []
+        self._poll_hooks: list[weakref.WeakMethod] = []
         #: Called as hook(name, category, lane, start, end, **args) for each large transfer.
         self.span_hook: Callable[..., None] | None = None
         self.links = Links(self.rank, self.options.link_timeout_s)
@@ -195,16 +197,34 @@ class DataPlane:
                 f"{self._name(self.rank)} waited for {self._name(rank)} to receive a send "
                 f"(tag {tag!r}, {size_text(nbytes)})"
             ),
-            self._while_sending,
+            self.poll,
             active_bytes=nbytes,
             finish=finish,
         )
 
-    def _while_sending(self) -> None:
-        """Before each test of a send: flush batches, and take in envelopes sent to this rank,
-        so that a peer blocked in its own send to us (head-to-head) can complete."""
+    def poll(self) -> None:
+        """Flush batches and take in every envelope sent to this rank (posting its payload
+        receives). Every wait in the data plane and the channels calls this, so that a rank
+        blocked on one peer never blocks a third rank's send to it: head-to-head sends and
+        cycles of bounded channels (a feeder that also takes the pipeline's output) complete
+        instead of deadlocking. Memory stays bounded by what the senders may have in flight
+        (channel capacities). Poll hooks (`add_poll_hook`) run first."""
+        if self._poll_hooks:
+            hooks = [ref() for ref in self._poll_hooks]
+            if any(hook is None for hook in hooks):  # their owners are gone
+                self._poll_hooks = [
+                    ref for ref, hook in zip(self._poll_hooks, hooks, strict=True) if hook is not None
+                ]
+            for hook in hooks:
+                if hook is not None:
+                    hook()
         self.flush()
         self._inbox.pull_any()
+
+    def add_poll_hook(self, method: Callable[[], None]) -> None:
+        """Run the bound ``method`` on every `poll` while its object lives (channels send the
+        acknowledgements they owe); held weakly, so a dropped channel stops being polled."""
+        self._poll_hooks.append(weakref.WeakMethod(method))
 
     def _routes(self, rank: int, leaves: list[Leaf]) -> list[str]:
         dst_device = self.directory.device_of(rank)
@@ -391,7 +411,7 @@ class DataPlane:
             test,
             result,
             lambda: f"{self._name(self.rank)} waited for {self._name(rank)} to send (tag {tag!r})",
-            self.flush,
+            self.poll,
             finish=finish,
             abandon=abandon,
         )

@@ -223,6 +223,17 @@ class PipelineConfig(_Section):
         return self
 
 
+class CommSectionConfig(_Section):
+    """[comm]: the data plane between ranks."""
+
+    verify: bool = Field(
+        False,
+        description="Integrity mode: every message carries a CRC32 of its header and payload, "
+        "checked on receipt; a mismatch ends the job naming sender, tag and size. Costs one "
+        "pass over the bytes on each side (a debugging aid for suspected corruption).",
+    )
+
+
 class FlowConfig(_Section):
     """[flow]: the macro flow run by the coordinator."""
 
@@ -260,6 +271,7 @@ class Config(_Section):
     pipeline: PipelineConfig = Field(
         default_factory=PipelineConfig, description="Micro-batching of pipelined stages."
     )
+    comm: CommSectionConfig = Field(default_factory=CommSectionConfig, description="The data plane.")
     hello: HelloConfig = Field(default_factory=HelloConfig, description="The built-in hello flow.")
     task: TaskConfig = Field(default_factory=TaskConfig, description="RL jobs: problems and verifier.")
     model: ModelConfig = Field(default_factory=ModelConfig, description="RL jobs: the policy model.")

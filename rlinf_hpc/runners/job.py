@@ -15,7 +15,7 @@ from typing import Any
 
 from rlinf_hpc.channel import attach_channels, resolve_policy
 from rlinf_hpc.cluster import JobEnvironment, build_topology, detect_environment, local_rank_info
-from rlinf_hpc.comm import ControlPlane, DataPlane, library_version
+from rlinf_hpc.comm import CommOptions, ControlPlane, DataPlane, library_version
 from rlinf_hpc.config import Config, config_to_toml, load_config
 from rlinf_hpc.errors import CommTimeoutError, JobInterrupted, UserError, WorkerError
 from rlinf_hpc.log import get_logger, setup_logging
@@ -70,7 +70,7 @@ def run_job(request: JobRequest) -> int:
     config = _load_on_coordinator(control, request)
     setup_logging(control.rank, "coord" if control.rank == 0 else "worker", config.job.log_level)
     infos = control.gather_to_coordinator(local_rank_info(control.rank, environment))
-    comm = DataPlane()  # collective: every rank, same order
+    comm = DataPlane(options=CommOptions(verify=config.comm.verify))  # collective: every rank, same order
     attach_channels(comm)  # channels follow every placement change from the first one on
     if control.rank != 0:
         return WorkerService(control, comm, config).serve()

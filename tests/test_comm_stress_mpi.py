@@ -1,0 +1,21 @@
+"""Randomized pipelines over the data plane and channels at 17 and 32 ranks, in integrity
+mode (tests/mpi_programs/stress_checks.py): exact results, no torn message, no deadlock."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import BIN, TESTS_DIR, job_env, run_command
+
+pytestmark = pytest.mark.mpi
+
+
+@pytest.mark.parametrize(("num_ranks", "examples"), [(5, 20), (17, 12), (32, 8)])
+def test_random_pipelines(num_ranks: int, examples: int) -> None:
+    env = job_env({"MPIEXEC_TIMEOUT": "280", "STRESS_EXAMPLES": str(examples)})
+    program = TESTS_DIR / "mpi_programs" / "stress_checks.py"
+    command = [str(BIN / "mpiexec"), "-n", str(num_ranks), str(BIN / "python"), str(program)]
+    result = run_command(command, timeout=300, env=env)
+    assert result.returncode == 0, result.output[-5000:]
+    assert f"ALL STRESS CHECKS OK on {num_ranks} ranks" in result.stdout, result.output[-5000:]
+    assert result.stdout.count(" ok in ") >= examples, result.stdout
