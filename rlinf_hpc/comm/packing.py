@@ -99,54 +99,150 @@ def _import_type(path: tuple[str, str]) -> type:
 
 
 def pack(obj: Any, root: str = "obj") -> tuple[Any, list[Leaf]]:
-    """Describe ``obj``; returns (description, leaves). Raises TypeError naming the bad path."""
-    leaves: list[Leaf] = []
-    description = _pack(obj, root, leaves)
-    return description, leaves
+    """Describe ``obj``; returns (description, leaves). Raises TypeError (or ValueError for a
+    container that contains itself) naming the path of the part that cannot travel.
+
+    What arrives is exactly what was sent, or the sender refuses: the same tensor or array
+    object reached twice travels once and arrives as one object (two *different* tensors that
+    view the same storage travel as two copies); `nn.Parameter` stays a Parameter; a masked
+    array keeps its mask and fill value; a numpy scalar keeps its dtype, fields included; a
+    dataclass keeps attributes set outside its fields (``__post_init__``); namedtuples and
+    dataclasses must be importable by module and name on the receiver.
+    """
+    packer = _Packer()
+    description = packer.pack(obj, root)
+    return description, packer.leaves
 
 
-def _pack(obj: Any, path: str, leaves: list[Leaf]) -> Any:
-    kind = type(obj)
-    if kind in _SCALARS:
-        return obj  # descriptions code containers as tuples, so raw scalars are unambiguous
-    if _is_tensor(obj):
-        if obj.is_sparse or obj.layout != _torch().strided:
-            raise TypeError(f"{path}: sparse/non-strided tensors are not supported ({obj.layout})")
-        leaves.append(Leaf("T", obj, obj.numel() * obj.element_size(), str(obj.device)))
-        dtype = str(obj.dtype).removeprefix("torch.")
-        return ("T", len(leaves) - 1, dtype, tuple(obj.shape), str(obj.device), obj.requires_grad)
-    if isinstance(obj, np.ndarray):
+class _Packer:
+    """One `pack` call: the leaves so far, the containers on the current path, shared leaves."""
+
+    __slots__ = ("active", "leaves", "seen")
+
+    def __init__(self) -> None:
+        self.leaves: list[Leaf] = []
+        self.active: dict[int, str] = {}  # id -> path of the containers being packed
+        self.seen: dict[int, int] = {}  # id of a tensor/array/bytes leaf -> its leaf index
+
+    def pack(self, obj: Any, path: str) -> Any:
+        kind = type(obj)
+        if kind in _SCALARS:
+            return obj  # descriptions code containers as tuples, so raw scalars are unambiguous
+        if kind is bytes and len(obj) < BYTES_LEAF_MIN:
+            return ("b", obj)
+        if _is_tensor(obj) or isinstance(obj, (np.ndarray, bytes)):
+            index = self.seen.get(id(obj))
+            if index is not None:  # the same object again: send it once, rebuild it once
+                return ("r", index)
+            node = self._leaf(obj, path)
+            if node[0] in _LEAF_CODES:
+                self.seen[id(obj)] = node[1]
+            return node
+        if isinstance(obj, np.generic):
+            dtype = obj.dtype.str if obj.dtype.fields is None else obj.dtype  # fields kept
+            return ("g", dtype, obj.tobytes())
+        if id(obj) in self.active:
+            raise ValueError(
+                f"{path}: refers back to {self.active[id(obj)]} (a container that contains "
+                "itself cannot be sent; break the cycle first)"
+            )
+        self.active[id(obj)] = path
+        try:
+            return self._container(obj, kind, path)
+        finally:
+            del self.active[id(obj)]
+
+    def _leaf(self, obj: Any, path: str) -> Any:
+        leaves = self.leaves
+        if _is_tensor(obj):
+            torch = _torch()
+            parameter = type(obj) is torch.nn.Parameter
+            if type(obj) is not torch.Tensor and not parameter:
+                raise TypeError(
+                    f"{path}: cannot send a tensor subclass {type(obj).__qualname__}; send "
+                    "x.as_subclass(torch.Tensor) (or its plain data) and rebuild it on the receiver"
+                )
+            if obj.is_sparse or obj.layout != torch.strided:
+                raise TypeError(f"{path}: sparse/non-strided tensors are not supported ({obj.layout})")
+            leaves.append(Leaf("T", obj, obj.numel() * obj.element_size(), str(obj.device)))
+            dtype = str(obj.dtype).removeprefix("torch.")
+            shape = tuple(obj.shape)
+            return ("T", len(leaves) - 1, dtype, shape, str(obj.device), obj.requires_grad, parameter)
+        if type(obj) is bytes:
+            leaves.append(Leaf("B", obj, len(obj)))
+            return ("B", len(leaves) - 1, len(obj))
+        if isinstance(obj, np.ma.MaskedArray):
+            data = self._leaf(np.ma.getdata(obj), path)
+            mask = self._leaf(np.ma.getmaskarray(obj), path + ".mask")
+            return ("m", data, mask, obj.fill_value)
+        if type(obj) not in (np.ndarray, np.memmap):
+            raise TypeError(
+                f"{path}: cannot send a numpy {type(obj).__qualname__} (an ndarray subclass whose "
+                "extra state would be lost); send np.asarray(x) and rebuild it on the receiver"
+            )
         if obj.dtype.kind not in _NUMPY_KINDS:
             raise TypeError(
                 f"{path}: numpy arrays of dtype {obj.dtype} cannot travel as raw buffers; use a numeric dtype"
             )
         leaves.append(Leaf("A", obj, obj.nbytes))
         return ("A", len(leaves) - 1, obj.dtype.str, obj.shape)
-    if isinstance(obj, np.generic):
-        return ("g", obj.dtype.str, obj.tobytes())
-    if kind is bytes:
-        if len(obj) < BYTES_LEAF_MIN:
-            return ("b", obj)
-        leaves.append(Leaf("B", obj, len(obj)))
-        return ("B", len(leaves) - 1, len(obj))
-    if kind in (dict, OrderedDict):
-        items = [(k, _pack(v, path + _path_key(k), leaves)) for k, v in obj.items()]
-        return ("d", kind is OrderedDict, items)
-    if kind is list:
-        return ("l", [_pack(v, f"{path}[{i}]", leaves) for i, v in enumerate(obj)])
-    if kind is tuple:
-        return ("t", [_pack(v, f"{path}[{i}]", leaves) for i, v in enumerate(obj)])
-    if isinstance(obj, tuple) and hasattr(kind, "_fields"):
-        children = [_pack(getattr(obj, f), f"{path}.{f}", leaves) for f in kind._fields]
-        return ("n", _type_path(kind), children)
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        fields = [f.name for f in dataclasses.fields(obj)]
-        children = [(f, _pack(getattr(obj, f), f"{path}.{f}", leaves)) for f in fields]
-        return ("c", _type_path(kind), children)
-    raise TypeError(
-        f"{path}: cannot send a {kind.__module__}.{kind.__qualname__}; supported are tensors, "
-        "numpy arrays, dict/list/tuple/dataclass/namedtuple, scalars, str, bytes and None"
-    )
+
+    def _container(self, obj: Any, kind: type, path: str) -> Any:
+        pack = self.pack
+        if kind in (dict, OrderedDict):
+            items = [(k, pack(v, path + _path_key(k))) for k, v in obj.items()]
+            return ("d", kind is OrderedDict, items)
+        if kind is list:
+            return ("l", [pack(v, f"{path}[{i}]") for i, v in enumerate(obj)])
+        if kind is tuple:
+            return ("t", [pack(v, f"{path}[{i}]") for i, v in enumerate(obj)])
+        if isinstance(obj, tuple) and hasattr(kind, "_fields"):
+            _check_importable(kind, path, "namedtuple")
+            children = [pack(getattr(obj, f), f"{path}.{f}") for f in kind._fields]
+            return ("n", _type_path(kind), children)
+        if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+            _check_importable(kind, path, "dataclass")
+            children = [(name, pack(value, f"{path}.{name}")) for name, value in _dataclass_state(obj)]
+            return ("c", _type_path(kind), children)
+        if isinstance(obj, dict):
+            raise TypeError(
+                f"{path}: cannot send a {kind.__module__}.{kind.__qualname__} (a dict subclass "
+                "whose behaviour would be lost); send dict(x) and rebuild it on the receiver, "
+                "e.g. collections.defaultdict(factory, received)"
+            )
+        raise TypeError(
+            f"{path}: cannot send a {kind.__module__}.{kind.__qualname__}; supported are tensors, "
+            "numpy arrays, dict/list/tuple/dataclass/namedtuple, scalars, str, bytes and None"
+        )
+
+
+_LEAF_CODES = ("T", "A", "B")
+
+
+def _dataclass_state(obj: Any) -> list[tuple[str, Any]]:
+    """Field values, then attributes set outside the fields (e.g. in ``__post_init__``)."""
+    names = [f.name for f in dataclasses.fields(obj)]
+    state = [(name, getattr(obj, name)) for name in names]
+    extra = getattr(obj, "__dict__", {})
+    state += [(name, value) for name, value in extra.items() if name not in names]
+    return state
+
+
+@functools.cache
+def _importable(kind: type) -> bool:
+    try:
+        return _import_type(_type_path(kind)) is kind
+    except (ImportError, AttributeError):
+        return False
+
+
+def _check_importable(kind: type, path: str, what: str) -> None:
+    if not _importable(kind):
+        raise TypeError(
+            f"{path}: {what} {kind.__qualname__} cannot be rebuilt on the receiver: it is not "
+            f"importable as {kind.__module__}.{kind.__qualname__} (defined inside a function?); "
+            "define it at module level, or send a tuple/dict instead"
+        )
 
 
 def unpicklable_path(obj: Any, root: str = "obj") -> str | None:
@@ -193,8 +289,12 @@ def _unpack(node: Any, buffers: list[Any]) -> Any:
     if type(node) is not tuple:
         return node
     code = node[0]
-    if code in ("T", "A", "B"):
+    if code in _LEAF_CODES:
         return _leaf_value(node, buffers[node[1]])
+    if code == "r":
+        return buffers[node[1]]  # the leaf's object, rebuilt where it first appeared
+    if code == "m":
+        return np.ma.MaskedArray(buffers[node[1][1]], mask=buffers[node[2][1]], fill_value=node[3])
     if code == "d":
         items = [(k, _unpack(v, buffers)) for k, v in node[2]]
         return OrderedDict(items) if node[1] else dict(items)
@@ -229,8 +329,10 @@ def _collect(node: Any, found: list[tuple]) -> None:
     if type(node) is not tuple:
         return
     code = node[0]
-    if code in ("T", "A", "B"):
+    if code in _LEAF_CODES:
         found.append(node)
+    elif code == "m":
+        found += [node[1], node[2]]
     elif code == "d" or code == "c":
         for _, child in node[2]:
             _collect(child, found)
@@ -312,6 +414,8 @@ def _leaf_value(node: tuple, value: Any) -> Any:
     code = node[0]
     if code == "B":
         return bytes(value)
+    if code == "T" and node[6]:
+        return _torch().nn.Parameter(value, requires_grad=node[5])
     if code == "T" and node[5] and (value.is_floating_point() or value.is_complex()):
         value.requires_grad_(True)
     return value  # tensors/arrays were allocated with their final dtype and shape
