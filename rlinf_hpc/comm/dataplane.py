@@ -31,7 +31,7 @@ from rlinf_hpc.comm.inbox import Inbox
 from rlinf_hpc.comm.links import Link, Links
 from rlinf_hpc.comm.mpi import mpi, world
 from rlinf_hpc.comm.packing import Leaf, pack, unpicklable_path
-from rlinf_hpc.comm.routing import HOST, choose_route
+from rlinf_hpc.comm.routing import HOST, INLINE, choose_route
 from rlinf_hpc.comm.sending import Batch, CommOptions, SendLedger, SendRecord, size_text, staged_chunks
 from rlinf_hpc.errors import CommTimeoutError
 
@@ -256,8 +256,13 @@ class DataPlane:
             links[backend] = link
             if setup is not None:
                 setups.append(setup)
+        small = self.options.inline_below
+        routes = [
+            INLINE if r == HOST and leaf.nbytes < small else r for r, leaf in zip(routes, leaves, strict=True)
+        ]
+        tail = [leaf.host_bytes() for leaf, r in zip(leaves, routes, strict=True) if r == INLINE]
         sums = [wire.checksum(leaf.host_bytes()) for leaf in leaves] if self.options.verify else None
-        envelope = self._encode(("S", tag, description, False, chunk, routes, setups, sums), [], obj, rank)
+        envelope = self._encode(("S", tag, description, False, chunk, routes, setups, sums), tail, obj, rank)
         # Synchronous mode: the envelope's request completes once the receiver has taken it in,
         # which is when it posts its payload receives; the send handle then waits inside MPI.
         record = SendRecord([self._comm.Issend([envelope, mpi().BYTE], rank, _ENVELOPE_TAG)], [envelope])
@@ -266,6 +271,8 @@ class DataPlane:
             if link.group is None and not self.links.establish(link):  # the peer fails too
                 routes = [HOST if r == backend else r for r in routes]
         for leaf, route in zip(leaves, routes, strict=True):
+            if route == INLINE:
+                continue
             if route != HOST:
                 tensor = leaf.value.detach().contiguous()
                 record.buffers.append(tensor)

@@ -18,7 +18,7 @@ from rlinf_hpc.comm import wire
 from rlinf_hpc.comm.links import Links
 from rlinf_hpc.comm.mpi import mpi
 from rlinf_hpc.comm.packing import Leaf, allocate_leaf, leaf_from_bytes, leaf_nbytes, leaf_nodes, unpack
-from rlinf_hpc.comm.routing import HOST, NCCL
+from rlinf_hpc.comm.routing import HOST, INLINE, LINK_ROUTES, NCCL
 
 
 class Incoming:
@@ -212,26 +212,32 @@ class Inbox:
         nodes = leaf_nodes(description)
         routes = self._link_routes(rank, routing, len(nodes))
         works: list[Any] = []
-        if any(route != HOST for route in routes):
-            values, views = [], []
+        views: list[memoryview | None] = []
+        if any(route in LINK_ROUTES for route in routes):
+            values = []
             for node, route in zip(nodes, routes, strict=True):
-                if route == HOST:
+                if route in LINK_ROUTES:
+                    value = self._link_buffer(node, route)
+                    works.append(self._links.incoming(rank, route, None).recv(value))
+                    view = None
+                else:
                     value, view = allocate_leaf(node)
-                    values.append(value)
-                    views.append(view)
-                    continue
-                value = self._link_buffer(node, route)
-                works.append(self._links.incoming(rank, route, None).recv(value))
                 values.append(value)
+                views.append(view)
             in_place = False
         else:
             targets, in_place = self._targets(rank, tag, nodes)
             values, views = [v for v, _ in targets], [view for _, view in targets]
         requests = []
-        for view in views:
-            for start in range(0, len(view), chunk):
-                piece = view[start : start + chunk]
-                requests.append(self._comm.Irecv([piece, mpi().BYTE], rank, self._payload_tag))
+        offset = 0
+        for view, route in zip(views, routes, strict=True):
+            if route == INLINE:  # a small leaf that rode in the envelope's tail
+                view[:] = tail[offset : offset + len(view)]
+                offset += len(view)
+            elif route == HOST:
+                for start in range(0, len(view), chunk):
+                    piece = view[start : start + chunk]
+                    requests.append(self._comm.Irecv([piece, mpi().BYTE], rank, self._payload_tag))
         nbytes = sum(leaf_nbytes(node) for node in nodes)
         self._stash.setdefault((rank, tag), deque()).append(
             Incoming(tag, description, nodes, values, requests, nbytes, in_place, works, routing[2])
@@ -247,7 +253,7 @@ class Inbox:
         for setup in setups:
             if self._links.incoming(rank, setup[0], setup) is None:
                 routes = [HOST if r == setup[0] else r for r in routes]
-        for route in set(routes) - {HOST}:
+        for route in set(routes) - {HOST, INLINE}:
             if self._links.incoming(rank, route, None) is None:
                 raise RuntimeError(
                     f"{self._name_of(rank)} sent over a {route} link that this rank no longer has "

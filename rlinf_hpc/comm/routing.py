@@ -23,6 +23,9 @@ set up and to synchronise than copying a few kilobytes.
 from __future__ import annotations
 
 HOST = "host"
+#: A small leaf of a large message: copied into the envelope's tail instead of a message of
+#: its own (a thousand small leaves must not cost a thousand MPI messages).
+INLINE = "inline"
 NCCL = "nccl"
 GLOO = "gloo"
 LINK_ROUTES = (NCCL, GLOO)
