@@ -18,6 +18,10 @@ COMM_RATIOS = {
     "dict10x6mb_vs_mpi_buffers",
     "latency1kb_vs_pickle",
     "async1kb_vs_pickle_loop",
+    "alloc64mb_vs_mpi_fresh",
+    "alloc64mb_vs_mpi_buffers",
+    "latency1kb_vs_mpi",
+    "small_leaves_min_vs_pickle",
 }
 
 
@@ -25,7 +29,10 @@ def test_bench_comm_writes_every_ratio(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     # one timed repetition: this checks the tool, not the speed (BENCHMARKS.md has the figures)
     result = run_command(
-        [str(BIN / "python"), str(REPO / "tools" / "bench_comm.py"), "--repeats", "1", "--json", str(out)],
+        [
+            *[str(BIN / "python"), str(REPO / "tools" / "bench_comm.py"), "--repeats", "1"],
+            *["--scan-sizes", "1024", "1048576", "--json", str(out)],
+        ],
         timeout=240,
     )
     assert result.returncode in (0, 1), result.output  # 1 = a ratio missed its bound on a busy box

@@ -6,7 +6,9 @@ and torch.distributed gloo, all measured in the same run between the same two ra
 
 Outside an MPI job it starts its own 2 ranks with the venv's mpiexec. Every figure is the
 median of ``--repeats`` timed repetitions after warm-up; throughput cases time one transfer
-plus a 1-byte acknowledgement from the receiver, latency is half a round trip.
+plus a 1-byte acknowledgement from the receiver, latency is half a round trip. The scan
+sends objects of 1 to 10,000 float32 tensors totalling 1 KB to 256 MB against mpi4py pickle;
+`small_leaves_min_vs_pickle` is its worst cell.
 """
 
 from __future__ import annotations
@@ -28,7 +30,17 @@ REQUIRED = {  # ratio name -> (comparison, bound)
     "dict10x6mb_vs_mpi_buffers": (">=", 0.85),
     "latency1kb_vs_pickle": ("<=", 3.0),
     "async1kb_vs_pickle_loop": (">=", 2.0),
+    "alloc64mb_vs_mpi_fresh": (">=", 0.90),
+    "alloc64mb_vs_mpi_buffers": (">=", 0.50),
+    "latency1kb_vs_mpi": ("<=", 5.0),
+    "small_leaves_min_vs_pickle": (">=", 1.0),
 }
+#: Ratios measured and reported, with a bound the data plane does not meet yet (see
+#: BENCHMARKS.md); they do not fail the run.
+NOT_YET_MET = {"latency1kb_vs_mpi"}
+#: Leaf counts and total sizes of the scan (objects of K equal float32 tensors).
+SCAN_LEAVES = [1, 10, 100, 1000, 10_000]
+SCAN_BYTES = [1 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20]
 
 
 def _relaunch_if_needed() -> None:
@@ -117,11 +129,17 @@ def bench_tensor(bench: Bench, dist: object) -> dict[str, float]:
     buffer = torch.empty_like(tensor)
     array, array_buffer = tensor.numpy(), buffer.numpy()
     t_raw = bench.one_way(lambda: comm.Send(array, 1, 1), lambda: comm.Recv(array_buffer, 0, 1))
+    import numpy as np
+
+    t_fresh = bench.one_way(  # what an allocating receive must do too: a new buffer each time
+        lambda: comm.Send(array, 1, 1), lambda: comm.Recv(np.empty(size, dtype=np.uint8), 0, 1)
+    )
     t_gloo = bench.one_way(lambda: dist.send(tensor, 1), lambda: dist.recv(buffer, 0))
     t_ours = bench.one_way(lambda: plane.send(tensor, 1), lambda: plane.recv(0, out=buffer))
     t_alloc = bench.one_way(lambda: plane.send(tensor, 1), lambda: plane.recv(0))
     return {
         "tensor64mb_mpi_buffers_GBps": size / t_raw / 1e9,
+        "tensor64mb_mpi_fresh_GBps": size / t_fresh / 1e9,
         "tensor64mb_gloo_GBps": size / t_gloo / 1e9,
         "tensor64mb_ours_GBps": size / t_ours / 1e9,
         "tensor64mb_ours_alloc_GBps": size / t_alloc / 1e9,
@@ -195,10 +213,43 @@ def bench_small(bench: Bench) -> dict[str, float]:
     }
 
 
-def run(bench: Bench) -> dict[str, dict[str, float]]:
+def bench_scan(bench: Bench, sizes: list[int], leaf_counts: list[int]) -> dict[str, float]:
+    """Objects of K equal float32 tensors and a given total size: ours (allocating) against
+    mpi4py pickle, GB/s for every (K, size) with at least one element per leaf."""
+    torch, comm, plane = bench.torch, bench.comm, bench.plane
+    figures: dict[str, float] = {}
+    for nbytes in sizes:
+        for count in leaf_counts:
+            numel = nbytes // 4 // count
+            if numel < 1:
+                continue
+            obj = [torch.randn(numel) for _ in range(count)]
+            total = 4 * numel * count
+            repeats, bench.repeats = bench.repeats, max(3, min(bench.repeats, (64 << 20) // total))
+            t_pickle = bench.one_way(
+                lambda o=obj: comm.send(o, 1, 7), lambda: comm.recv(None, 0, 7), warmup=1
+            )
+            t_ours = bench.one_way(lambda o=obj: plane.send(o, 1), lambda: plane.recv(0), warmup=1)
+            bench.repeats = repeats
+            figures[f"scan_{count}x_{nbytes}B_ours_GBps"] = total / t_ours / 1e9
+            figures[f"scan_{count}x_{nbytes}B_pickle_GBps"] = total / t_pickle / 1e9
+    return figures
+
+
+def scan_ratios(raw: dict[str, float]) -> dict[str, float]:
+    return {
+        key.removesuffix("_ours_GBps"): raw[key] / raw[key.replace("_ours_", "_pickle_")]
+        for key in raw
+        if key.startswith("scan_") and key.endswith("_ours_GBps")
+    }
+
+
+def run(bench: Bench, scan_sizes: list[int]) -> dict[str, dict[str, float]]:
     dist = bench.gloo()
     raw = bench_tensor(bench, dist) | bench_dict(bench) | bench_small(bench)
+    raw |= bench_scan(bench, scan_sizes, SCAN_LEAVES)
     dist.destroy_process_group()
+    scan = scan_ratios(raw)
     ratios = {
         "tensor64mb_vs_mpi_buffers": raw["tensor64mb_ours_GBps"] / raw["tensor64mb_mpi_buffers_GBps"],
         "tensor64mb_vs_gloo": raw["tensor64mb_ours_GBps"] / raw["tensor64mb_gloo_GBps"],
@@ -206,8 +257,12 @@ def run(bench: Bench) -> dict[str, dict[str, float]]:
         "dict10x6mb_vs_mpi_buffers": raw["dict10x6mb_ours_GBps"] / raw["dict10x6mb_mpi_buffers_GBps"],
         "latency1kb_vs_pickle": raw["latency1kb_ours_us"] / raw["latency1kb_pickle_us"],
         "async1kb_vs_pickle_loop": raw["async1kb_ours_msgs_per_s"] / raw["async1kb_pickle_loop_msgs_per_s"],
+        "alloc64mb_vs_mpi_fresh": raw["tensor64mb_ours_alloc_GBps"] / raw["tensor64mb_mpi_fresh_GBps"],
+        "alloc64mb_vs_mpi_buffers": raw["tensor64mb_ours_alloc_GBps"] / raw["tensor64mb_mpi_buffers_GBps"],
+        "latency1kb_vs_mpi": raw["latency1kb_ours_us"] / raw["latency1kb_mpi_buffers_us"],
+        "small_leaves_min_vs_pickle": min(scan.values()),
     }
-    return {"ratios": ratios, "raw": raw}
+    return {"ratios": ratios, "raw": raw, "scan_vs_pickle": scan}
 
 
 def report(result: dict[str, dict[str, float]], args: argparse.Namespace) -> bool:
@@ -221,18 +276,37 @@ def report(result: dict[str, dict[str, float]], args: argparse.Namespace) -> boo
     for name, value in result["ratios"].items():
         op, bound = REQUIRED[name]
         passed = value >= bound if op == ">=" else value <= bound
-        ok &= passed
-        rows.append((name, f"{value:.2f}", f"{op} {bound}", "pass" if passed else "FAIL"))
+        status = "pass" if passed else "FAIL"
+        if name in NOT_YET_MET and not passed:
+            status = "not met yet"
+        else:
+            ok &= passed
+        rows.append((name, f"{value:.2f}", f"{op} {bound}", status))
     print(
         f"bench_comm: 2 ranks on {socket.gethostname()}, {library_version()}, torch "
         f"{torch.__version__}, Python {platform.python_version()}, {args.repeats} repeats (median)"
     )
     print_table("ratios (ours / baseline)", ["ratio", "value", "required", "status"], rows)
-    print_table("raw figures", ["measure", "value"], [(k, f"{v:,.2f}") for k, v in result["raw"].items()])
+    raw = {k: v for k, v in result["raw"].items() if not k.startswith("scan_")}
+    print_table("raw figures", ["measure", "value"], [(k, f"{v:,.2f}") for k, v in raw.items()])
+    scan_rows = []
+    for count in SCAN_LEAVES:
+        cells = []
+        for nbytes in args.scan_sizes:
+            key = f"scan_{count}x_{nbytes}B"
+            ours = result["raw"].get(f"{key}_ours_GBps")
+            cells.append("-" if ours is None else f"{ours:.2f} ({result['scan_vs_pickle'][key]:.1f}x)")
+        scan_rows.append((str(count), *cells))
+    headers = ["leaves", *(_size_text(n) for n in args.scan_sizes)]
+    print_table("scan: ours GB/s (x pickle), objects of K float32 tensors", headers, scan_rows)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
         print(f"wrote {args.json}")
     return ok
+
+
+def _size_text(nbytes: int) -> str:
+    return f"{nbytes >> 20} MB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KB"
 
 
 def main() -> int:
@@ -241,10 +315,13 @@ def main() -> int:
     )
     parser.add_argument("--json", help="write {'ratios': ..., 'raw': ...} here")
     parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument(
+        "--scan-sizes", type=int, nargs="+", default=SCAN_BYTES, help="total object sizes (bytes) of the scan"
+    )
     args = parser.parse_args()
     _relaunch_if_needed()
     bench = Bench(args.repeats)
-    result = run(bench)
+    result = run(bench, args.scan_sizes)
     if bench.rank == 0:
         return 0 if report(result, args) else 1
     return 0

@@ -73,16 +73,20 @@ class WorkHandle:
         """True once complete (tests without blocking; flushes pending batches first)."""
         if self._value is not _NOTHING:
             return True
-        if self._before_wait is not None:
-            self._before_wait()
         assert self._test is not None and self._result is not None
-        if self._test():
+        if self._test() or (self._before_wait is not None and self._run_before_wait()):
             result = self._result
             self._test = self._result = self._describe = None  # break the cycles (see above)
             self._before_wait = self._finish = self._abandon = None
             self._value = result()
             return True
         return False
+
+    def _run_before_wait(self) -> bool:
+        """Flush/poll (only when the first test failed: the fast path skips it), test again."""
+        assert self._before_wait is not None and self._test is not None
+        self._before_wait()
+        return self._test()
 
     def wait(self, timeout: float | None = None) -> Any:
         """Block until complete; `CommTimeoutError` names who waited for whom on what."""
