@@ -96,3 +96,19 @@ def test_bench_e2e_runs_every_mode_and_writes_both_ratios(tmp_path: Path) -> Non
     assert set(data["raw"]) == {"naive", "disaggregated", "collocated", "hybrid", "auto"}
     assert all(r["step_s"] > 0 and 0 <= r["bubble_fraction"] <= 1 for r in data["raw"].values())
     assert data["raw"]["auto"]["placement"].startswith("auto:")
+
+
+def test_bench_collectives_writes_every_ratio(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    result = run_command(
+        [
+            *[str(BIN / "python"), str(REPO / "tools" / "bench_collectives.py")],
+            *["--repeats", "1", "--ranks", "3", "--json", str(out)],
+        ],
+        timeout=240,
+    )
+    assert result.returncode in (0, 1), result.output  # 1 = a bound missed on a busy box
+    data = json.loads(out.read_text())
+    assert set(data["ratios"]) == {"bcast64mb_vs_mpi", "alltoall_vs_mpi", "gather_vs_mpi"}
+    assert all(value > 0 for value in data["ratios"].values())
+    assert "broadcast of 64 MB to N ranks" in result.stdout

@@ -71,22 +71,36 @@ class Collectives:
         return value
 
     def broadcast(self, obj: Any, root: Any, members: Members, timeout: float | None = None) -> Any:
-        """``root``'s ``obj`` on every member (root passes the object; others pass None)."""
+        """``root``'s ``obj`` on every member (root passes the object; others pass None).
+
+        A binomial tree: every member that has the object forwards it (zero-copy, from what it
+        received) to the members below it, so the root sends ceil(log2 N) copies instead of
+        N - 1 and the time grows with log N. Non-root members return the received object.
+
+        >>> [_tree_children(v, 8) for v in range(8)]
+        [[4, 2, 1], [], [3], [], [6, 5], [], [7], []]
+        """
         key, number = self._begin(members)
         root_rank = self.plane.resolve(root)
         if root_rank not in key:
             raise ValueError(f"broadcast root {root_rank} is not among members {list(key)}")
         tag = ("coll", key, number)
-        if self.plane.rank == root_rank:
-            handles = [
-                self.plane.isend(("broadcast", root_rank, obj), r, tag, coalesce=False)
-                for r in key
-                if r != root_rank
-            ]
-            for handle in handles:
-                handle.wait(timeout)
-            return obj
-        return self._recv("broadcast", root_rank, key, number, root_rank, timeout)
+        size, start = len(key), key.index(root_rank)
+        relative = (key.index(self.plane.rank) - start) % size
+        if relative == 0:
+            value = obj
+        else:
+            parent = key[(_tree_parent(relative) + start) % size]
+            value = self._recv("broadcast", root_rank, key, number, parent, timeout)
+        handles = [
+            self.plane.isend(
+                ("broadcast", root_rank, value), key[(child + start) % size], tag, coalesce=False
+            )
+            for child in _tree_children(relative, size)
+        ]
+        for handle in handles:
+            handle.wait(timeout)
+        return value
 
     def gather(self, obj: Any, root: Any, members: Members, timeout: float | None = None) -> list[Any] | None:
         """Every member's ``obj`` on ``root`` in member order; None elsewhere."""
@@ -120,3 +134,19 @@ class Collectives:
         for handle in handles:
             handle.wait(timeout)
         return received
+
+
+def _tree_parent(relative: int) -> int:
+    """Parent of a member in the binomial broadcast tree (members numbered from the root)."""
+    return relative - (relative & -relative)
+
+
+def _tree_children(relative: int, size: int) -> list[int]:
+    """Children of a member in the binomial tree, farthest first (they forward the most)."""
+    top = relative & -relative if relative else 1 << max(size - 1, 0).bit_length()
+    children, mask = [], top >> 1
+    while mask:
+        if relative + mask < size:
+            children.append(relative + mask)
+        mask >>= 1
+    return children
