@@ -54,9 +54,14 @@ class DataPlane:
     """
 
     def __init__(
-        self, directory: Directory | None = None, device: str = "cpu", options: CommOptions | None = None
+        self,
+        directory: Directory | None = None,
+        device: str = "cpu",
+        options: CommOptions | None = None,
+        comm: Any = None,
     ) -> None:
-        self._comm = world().Dup()
+        # Collective over ``comm`` (default COMM_WORLD); addresses are ranks of ``comm``.
+        self._comm = (comm if comm is not None else world()).Dup()
         self._comm.Set_name("rlinf_hpc.data")
         self.rank: int = self._comm.Get_rank()
         self.size: int = self._comm.Get_size()

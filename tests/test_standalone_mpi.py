@@ -1,0 +1,26 @@
+"""`rlinf_hpc.init()` in a plain script under mpiexec (no rlinf-hpc CLI, no coordinator)."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import BIN, TESTS_DIR, job_env, run_command
+
+pytestmark = pytest.mark.mpi
+
+
+def test_plain_script_uses_the_data_plane_under_mpiexec() -> None:
+    script = TESTS_DIR / "mpi_programs" / "standalone_script.py"
+    env = job_env({"MPIEXEC_TIMEOUT": "120"})
+    result = run_command(
+        [str(BIN / "mpiexec"), "-n", "4", str(BIN / "python"), str(script)], timeout=150, env=env
+    )
+    assert result.returncode == 0, result.output
+    assert "STANDALONE OK on 4 ranks" in result.stdout, result.output
+
+
+def test_unknown_backend_is_refused() -> None:
+    import rlinf_hpc
+
+    with pytest.raises(ValueError, match="choose one of auto, mpi, gloo, nccl"):
+        rlinf_hpc.init(backend="ucx")
