@@ -1,6 +1,6 @@
 """Data channels between components, with load balancing across consumers."""
 
-from rlinf_hpc.channel.channel import Channel, ChannelFull, EndOfStream
+from rlinf_hpc.channel.channel import Channel, ChannelFull, EndOfStream, LostItemsError
 from rlinf_hpc.channel.policies import (
     ConsumerView,
     ItemInfo,
@@ -17,6 +17,7 @@ __all__ = [
     "ChannelFull",
     "ConsumerView",
     "EndOfStream",
+    "LostItemsError",
     "ItemInfo",
     "LoadBalancePolicy",
     "PerformanceAware",

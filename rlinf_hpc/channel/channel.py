@@ -36,7 +36,14 @@ from rlinf_hpc.channel.protocol import END, FENCE, FORWARDED
 from rlinf_hpc.comm import Backoff, ChannelSpec, DataPlane
 from rlinf_hpc.errors import CommTimeoutError
 
-__all__ = ["Channel", "ChannelFull", "EndOfStream"]
+__all__ = ["Channel", "ChannelFull", "EndOfStream", "LostItemsError"]
+
+#: How long a retiring producer waits for acknowledgements still on the way.
+RETIRE_GRACE_S = 5.0
+
+
+class LostItemsError(RuntimeError):
+    """A channel was removed while items it carried were never consumed."""
 
 
 class Channel(ProducerSide, ConsumerSide):
@@ -177,11 +184,46 @@ class Channel(ProducerSide, ConsumerSide):
         self._take_acks()
         return max((v.waited_s for v in self._views.values()), default=0.0)
 
-    def retire(self) -> None:
-        """The channel is being removed: take in acknowledgements that arrived already, so they
-        do not linger on this rank."""
+    def retire(self, grace_s: float = RETIRE_GRACE_S) -> None:
+        """The channel is being removed. A producer takes in the acknowledgements still on the
+        way (for up to ``grace_s``); items that no consumer took by then are lost, and so are
+        items queued on a consumer that never took them: `LostItemsError` says how many, from
+        which producer, on which consumer. Losing items is never silent."""
+        lost: list[str] = []
+        self._flush_owed_acks()  # producers retiring at the same moment wait for these
         if self.is_producer:
-            self._take_acks()
+            start = time.monotonic()
+            backoff = Backoff()
+            while self._outstanding and time.monotonic() - start < grace_s:
+                if not self._take_acks():
+                    self.plane.poll()
+                    backoff.sleep()
+            per_consumer: dict[int, int] = {}
+            for consumer, _ in self._outstanding.values():
+                per_consumer[consumer] = per_consumer.get(consumer, 0) + 1
+            name_of = self.plane.directory.name_of
+            lost += [
+                f"{count} item(s) sent by {name_of(self.plane.rank)} to {name_of(consumer)} were never "
+                "taken by it"
+                for consumer, count in sorted(per_consumer.items())
+            ]
+        if self.is_consumer:
+            self._receive_available()  # what has arrived counts as queued here
+        if self.is_consumer and self._queue:
+            per_producer: dict[int, int] = {}
+            for received in self._queue:
+                per_producer[received.producer] = per_producer.get(received.producer, 0) + 1
+            name_of = self.plane.directory.name_of
+            lost += [
+                f"{count} item(s) from {name_of(producer)} were still queued on {name_of(self.plane.rank)}"
+                for producer, count in sorted(per_producer.items())
+            ]
+        if lost:
+            raise LostItemsError(
+                f"channel '{self.name}' was removed with items nobody consumed: {'; '.join(lost)}. "
+                "A consumer stopped taking items before end-of-stream (or left without handing "
+                "them over): consume until EndOfStream"
+            )
 
     def qsize(self) -> int:
         """Items here and not yet taken (consumer) plus items out and unacknowledged (producer)."""

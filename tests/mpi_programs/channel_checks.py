@@ -9,7 +9,16 @@ import time
 import torch
 from harness import run_checks
 
-from rlinf_hpc.channel import Channel, ChannelFull, EndOfStream, LoadBalancePolicy, resolve_policy
+from rlinf_hpc.channel import (
+    Channel,
+    ChannelFull,
+    EndOfStream,
+    LoadBalancePolicy,
+    LostItemsError,
+    attach_channels,
+    channel_for,
+    resolve_policy,
+)
 from rlinf_hpc.comm import ChannelSpec, CommOptions, DataPlane, Directory
 from rlinf_hpc.comm.mpi import world
 from rlinf_hpc.errors import CommTimeoutError, UserError
@@ -225,6 +234,47 @@ def check_bad_input(plane: DataPlane, size: int) -> None:
             raise AssertionError("get on an idle channel did not time out")
 
 
+def check_lost_items_are_reported(size: int) -> None:
+    """Rank 1 takes 2 of 5 items and stops; removing the channel raises on the producer (3
+    items never taken by rank 1) and on rank 1 (items still queued); a fully drained channel
+    retires quietly."""
+    specs = {name: ChannelSpec(name, (0,), (1,), capacity=8) for name in ("lossy", "clean")}
+    directory = Directory(groups={"consumer": list(range(1, size))}, world_size=size, channels=specs)
+    plane = DataPlane(directory)
+    attach_channels(plane)
+    lossy, clean = channel_for(plane, "lossy"), channel_for(plane, "clean")
+    if plane.rank == 0:
+        for i in range(5):
+            lossy.put(i, timeout=30)
+            clean.put(i, timeout=30)
+        lossy.close()
+        clean.close()
+    elif plane.rank == 1:
+        assert [lossy.get(timeout=30) for _ in range(2)] == [0, 1]
+        assert drain(clean) == list(range(5))
+        time.sleep(0.2)  # the rest of "lossy" arrives and waits here, never taken
+    world().Barrier()
+    gone = Directory(groups=directory.groups, world_size=size, version=1, channels={"clean": specs["clean"]})
+    if plane.rank in (0, 1):
+        try:
+            plane.set_directory(gone)
+        except LostItemsError as error:
+            text = str(error)
+            assert "channel 'lossy'" in text, text
+            if plane.rank == 0:
+                assert (
+                    "3 item(s) sent by rank 0 (coordinator) to rank 1 (consumer:0) were never taken" in text
+                )
+            else:
+                assert "3 item(s) from rank 0 (coordinator) were still queued on rank 1" in text, text
+        else:
+            raise AssertionError("a channel with unconsumed items was removed silently")
+    else:
+        plane.set_directory(gone)
+    empty = Directory(groups=directory.groups, world_size=size, version=2)
+    plane.set_directory(empty)  # "clean" was drained: no error
+
+
 def main() -> int:
     comm = world()
     size = comm.Get_size()
@@ -248,6 +298,7 @@ def main() -> int:
         ("backpressure", lambda: check_backpressure(plane, size)),
         ("local_and_async", lambda: check_local_and_async(plane, size)),
         ("bad_input", lambda: check_bad_input(plane, size)),
+        ("lost_items_are_reported", lambda: check_lost_items_are_reported(size)),
     ]
     return run_checks(checks, "ALL CHANNEL CHECKS OK", "CHANNEL_CHECKS")
 
