@@ -13,6 +13,9 @@ Outside an MPI job it starts its own 5 ranks with the venv's mpiexec: rank 0 pro
 * ``small_items_per_s``: 1 KB tensors end to end through a channel (async puts, batched gets).
 * ``imbalance_*``: 1 producer, 4 consumers whose per-item cost is 1x, 1x, 2x, 4x a unit times
   the item's weight (lognormal); busy-time imbalance (max - min) / mean over the run.
+* ``imbalance_heterogeneous`` / ``makespan_heterogeneous_vs_ideal``: performance_aware with
+  consumers 1x, 2x, 5x, 10x slower, Pareto-like item weights, at capacities 4, 8 and 64; the
+  worst imbalance and the worst makespan / ideal (total work / total speed) over them.
 """
 
 from __future__ import annotations
@@ -28,7 +31,13 @@ REQUIRED = {
     "item16mb_vs_p2p": (">=", 0.80),
     "small_items_per_s": (">=", 20_000),
     "imbalance_perf_aware": ("<=", 0.10),
+    "imbalance_heterogeneous": ("<=", 0.10),
+    "makespan_heterogeneous_vs_ideal": ("<=", 1.10),
 }
+#: Heterogeneous load: consumers 1x, 2x, 5x, 10x slower than the fastest, Pareto item weights
+#: (shape 2, scale 1, capped at 20), performance_aware at every capacity listed.
+HETERO_FACTORS = [1.0, 2.0, 5.0, 10.0]
+HETERO_CAPACITIES = [4, 8, 64]
 FACTORS = [1.0, 1.0, 2.0, 4.0]
 UNIT_S = 1e-3
 POLICIES = {
@@ -182,6 +191,57 @@ def bench_imbalance(plane: object, comm: object, count: int) -> dict[str, float]
     return out
 
 
+def bench_heterogeneous(comm: object, count: int) -> dict[str, object]:
+    """performance_aware under strongly unequal consumers, at several capacities."""
+    import numpy as np
+
+    from rlinf_hpc.channel import Channel, EndOfStream
+    from rlinf_hpc.comm import ChannelSpec, DataPlane, Directory
+
+    size = comm.Get_size()
+    weights = np.minimum(np.random.default_rng(1).pareto(2.0, size=count) + 1.0, 20.0)
+    channels = {
+        f"hetero{c}": ChannelSpec(f"hetero{c}", (0,), tuple(range(1, size)), "performance_aware", c)
+        for c in HETERO_CAPACITIES
+    }
+    plane = DataPlane(
+        Directory(groups={"consumers": list(range(1, size))}, world_size=size, channels=channels)
+    )
+    ideal = float(weights.sum()) * UNIT_S / sum(1.0 / f for f in HETERO_FACTORS)
+    out: dict[str, object] = {}
+    for capacity in HETERO_CAPACITIES:
+        channel = Channel(plane, f"hetero{capacity}")
+        sleeping_barrier(comm)
+        start = time.perf_counter()
+        busy = 0.0
+        if plane.rank == 0:
+            for weight in weights:
+                channel.put(float(weight), weight=float(weight))
+            channel.close()
+        else:
+            factor = HETERO_FACTORS[plane.rank - 1]
+            while True:
+                try:
+                    weight = channel.get(timeout=120)
+                except EndOfStream:
+                    break
+                started = time.perf_counter()
+                time.sleep(weight * factor * UNIT_S)
+                busy += time.perf_counter() - started
+        sleeping_barrier(comm)
+        makespan = time.perf_counter() - start
+        busy_all = comm.gather(busy, root=0)
+        if plane.rank == 0:
+            consumers = busy_all[1:]
+            out[f"hetero_cap{capacity}_imbalance"] = (max(consumers) - min(consumers)) / statistics.mean(
+                consumers
+            )
+            out[f"hetero_cap{capacity}_makespan_vs_ideal"] = makespan / ideal
+            out[f"hetero_cap{capacity}_busy_s"] = [round(b, 3) for b in consumers]
+    out["hetero_ideal_s"] = ideal
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -200,6 +260,7 @@ def main() -> int:
     plane = make_plane(5, capacity=8)
     raw = bench_item16mb(plane, comm, 16) | bench_small_items(plane, comm, 20_000)
     raw |= bench_imbalance(plane, comm, args.items)
+    raw |= bench_heterogeneous(comm, args.items)
     if plane.rank != 0:
         return 0
     ratios = {
@@ -208,6 +269,10 @@ def main() -> int:
         "imbalance_round_robin": raw["imbalance_round_robin"],
         "imbalance_shortest_queue": raw["imbalance_shortest_queue"],
         "imbalance_perf_aware": raw["imbalance_perf_aware"],
+        "imbalance_heterogeneous": max(raw[f"hetero_cap{c}_imbalance"] for c in HETERO_CAPACITIES),
+        "makespan_heterogeneous_vs_ideal": max(
+            raw[f"hetero_cap{c}_makespan_vs_ideal"] for c in HETERO_CAPACITIES
+        ),
     }
     ok = report(ratios, raw)
     if args.json:

@@ -244,7 +244,9 @@ class ConsumerSide:
             self._served_items += 1
             self._served_weight += received.weight
             self._acks.setdefault(received.producer, []).append(received.item_id)
-        self._flush_acks(force=False)
+        # Nothing left here: the producers must learn now that there is room, or this rank
+        # idles after the batch it just took (acks held for coalescing cost a whole item).
+        self._flush_acks(force=not self._queue)
 
     def _flush_acks(self, force: bool) -> None:
         now = time.monotonic()

@@ -77,20 +77,33 @@ class ShortestQueue(LoadBalancePolicy):
 
 
 class PerformanceAware(LoadBalancePolicy):
-    """The consumer expected to finish this item first: (queued weight + weight) / rate.
+    """The consumer whose total work from this producer, in seconds at its measured rate,
+    stays smallest with this item: (served + queued + weight) / rate.
 
+    Balancing cumulative busy time (not just the queue) matters when the channel's capacity is
+    small against the speed differences: a queue-based finish-time rule then never picks a
+    consumer 10x slower than the rest (its one item always "finishes later"), which starves it
+    for the whole run; this rule gives every consumer work in proportion to its speed.
     Consumers without a measured rate yet are assumed as fast as the fastest known one, so
     every consumer is tried early and measured.
+
+    >>> fast = ConsumerView(0, 1, queued_items=1, queued_weight=1.0, served_weight=8.0, rate=1.0)
+    >>> slow = ConsumerView(1, 2, queued_items=1, queued_weight=0.5, rate=0.1)
+    >>> PerformanceAware().select_consumer(ItemInfo(weight=1.0), [fast, slow])  # slow: 15 s > 10 s
+    0
+    >>> fast.served_weight = 20.0
+    >>> PerformanceAware().select_consumer(ItemInfo(weight=1.0), [fast, slow])  # fast: 22 s > 15 s
+    1
     """
 
     def select_consumer(self, item: ItemInfo, consumers: list[ConsumerView]) -> int:
         known = [c.rate for c in consumers if c.rate]
         default = max(known) if known else 1.0
 
-        def finish(c: ConsumerView) -> tuple[float, int]:
-            return ((c.queued_weight + item.weight) / (c.rate or default), c.index)
+        def busy_s(c: ConsumerView) -> tuple[float, int]:
+            return ((c.served_weight + c.queued_weight + item.weight) / (c.rate or default), c.index)
 
-        return min(consumers, key=finish).index
+        return min(consumers, key=busy_s).index
 
 
 class LocalFirst(LoadBalancePolicy):
