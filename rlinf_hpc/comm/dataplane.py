@@ -74,7 +74,7 @@ class DataPlane:
         self._poll_hooks: list[weakref.WeakMethod] = []
         #: Called as hook(name, category, lane, start, end, **args) for each large transfer.
         self.span_hook: Callable[..., None] | None = None
-        self.links = Links(self.rank, self.options.link_timeout_s)
+        self.links = Links(self.rank, self.options.link_timeout_s, self._comm)
         self._inbox = Inbox(self._comm, _ENVELOPE_TAG, _PAYLOAD_TAG, self._name, self.links, device)
         self.collectives = Collectives(self)
         #: Counters for diagnostics and tests (monotonic over the plane's life).

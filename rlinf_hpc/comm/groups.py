@@ -57,6 +57,14 @@ class GroupComm:
         """``root``'s ``obj`` on every member (small control values)."""
         return self._comm.bcast(obj, root=root)
 
+    def torch_store(self, timeout_s: float = 300.0) -> Any:
+        """A torch.distributed store over this group's MPI messages (`MPIStore`, on a
+        communicator of its own): rendezvous for a process group with no TCP server.
+        Collective: every member calls it."""
+        from rlinf_hpc.comm.store import MPIStore
+
+        return MPIStore(self._comm.Dup(), timeout_s=timeout_s)
+
     def free(self) -> None:
         """Release the communicator. Idempotent."""
         if self.freed:

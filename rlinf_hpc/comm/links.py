@@ -1,10 +1,11 @@
 """Two-rank torch.distributed links (NCCL for GPU tensors, gloo for CPU), created on first use.
 
 A link is *directional*: the link A->B carries A's sends to B, so two ranks that start sending
-to each other at the same moment never race to create the same link. The sender creates a
-TCPStore on its own host, puts its address in the message envelope, and both sides build a
-two-rank process group from it while the envelope's payload waits; after that, every large
-leaf on that route goes over the link, in message order.
+to each other at the same moment never race to create the same link. The sender picks a
+private MPI tag for the link's rendezvous store (`MPIStore`: keys travel as MPI messages over
+the data communicator, so no TCP store listens for anyone to reach), puts it in the message
+envelope, and both sides build a two-rank process group from it while the envelope's payload
+waits; after that, every large leaf on that route goes over the link, in message order.
 
 If a link cannot be set up (no route to the store, NCCL init error, timeout) both sides notice
 — setup is a rendezvous — and the message's leaves travel the host path instead; the pair is
@@ -16,8 +17,6 @@ from __future__ import annotations
 
 import datetime
 import itertools
-import os
-import socket
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,9 +38,8 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def _advertised_host() -> str:
-    """Address peers use to reach this rank's link stores (RLINF_HPC_LINK_ADDR overrides)."""
-    return os.environ.get("RLINF_HPC_LINK_ADDR") or socket.gethostname()
+#: Link rendezvous stores use MPI tags from here on (the data plane's own tags are below).
+_LINK_TAG_BASE = 1000
 
 
 class LinkWork:
@@ -114,15 +112,17 @@ def _make_group(backend: str, store: Any, rank: int, timeout: datetime.timedelta
 class Links:
     """This rank's links, outgoing and incoming, by (peer, backend)."""
 
-    def __init__(self, rank: int, timeout_s: float) -> None:
+    def __init__(self, rank: int, timeout_s: float, comm: Any = None) -> None:
         self.rank = rank
+        #: The data communicator; link rendezvous stores send their keys over it.
+        self.comm = comm
         self.timeout = datetime.timedelta(seconds=timeout_s)
         self._outgoing: dict[tuple[int, str], Link] = {}
         self._incoming: dict[tuple[int, str], Link] = {}
         self._broken: set[tuple[int, str]] = set()
         self._counter = itertools.count()
         self.created = 0
-        #: Test hook: advertise an address nobody listens on (exercises the fallback path).
+        #: Test hook: advertise a store tag the sender does not use (exercises the fallback path).
         self.fault_bad_address = False
 
     # -- sender ----------------------------------------------------------------------------
@@ -135,15 +135,16 @@ class Links:
         link = self._outgoing.get(key)
         if link is not None:
             return link, None
-        link_id = f"{self.rank}>{peer}/{backend}/{next(self._counter)}"
-        try:
-            store = _dist().TCPStore("0.0.0.0", 0, 2, True, timeout=self.timeout, wait_for_workers=False)
-        except Exception as exc:  # noqa: BLE001 - no store, no link: host path
-            self._give_up(key, f"cannot open a TCPStore: {exc}")
-            return None, None
-        port = 1 if self.fault_bad_address else store.port
+        number = next(self._counter)
+        link_id = f"{self.rank}>{peer}/{backend}/{number}"
+        # Tags of the two directions of a pair differ in parity, so their stores never mix.
+        tag = _LINK_TAG_BASE + 2 * number + (self.rank < peer)
+        from rlinf_hpc.comm.store import MPIStore  # imports torch: only once a link is wanted
+
+        store = MPIStore(self.comm, [self.rank, peer], tag, self.timeout.total_seconds())
         link = Link(peer, backend, link_id, store=store)
-        return link, (backend, _advertised_host(), port, link_id)
+        advertised = tag + 2 * 1_000_000 if self.fault_bad_address else tag
+        return link, (backend, advertised, link_id)
 
     def establish(self, link: Link) -> bool:
         """Sender side of the rendezvous; False (and the pair marked broken) on failure."""
@@ -168,10 +169,12 @@ class Links:
         old = self._incoming.pop(key, None)
         if old is not None:
             old.close()
-        _, host, port, link_id = setup
+        _, tag, link_id = setup
         link = Link(peer, backend, link_id)
         try:
-            link.store = _dist().TCPStore(host, port, 2, False, timeout=self.timeout)
+            from rlinf_hpc.comm.store import MPIStore
+
+            link.store = MPIStore(self.comm, [self.rank, peer], tag, self.timeout.total_seconds())
             link.group = _make_group(backend, _dist().PrefixStore(link_id, link.store), 1, self.timeout)
         except Exception as exc:  # noqa: BLE001 - the sender sees the same failure
             link.close()

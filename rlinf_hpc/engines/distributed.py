@@ -1,15 +1,15 @@
 """torch.distributed over one component group, for data-parallel training (DDP).
 
-The group's rank 0 opens a TCPStore and tells the others its address over the group's MPI
-communicator; then every member joins a process group of the group's size (gloo on CPU, NCCL on
-GPU). No MASTER_ADDR/MASTER_PORT, no launcher variables: MPI already knows who is in the group.
+The rendezvous store is the group's MPI communicator itself (`GroupComm.torch_store`): no
+TCPStore listens for the job's lifetime, no port is open to anyone who reaches the node. Every
+member joins a process group of the group's size (gloo on CPU, NCCL on GPU). No
+MASTER_ADDR/MASTER_PORT, no launcher variables: MPI already knows who is in the group.
 One process group per process: a rank hosts at most one data-parallel component.
 """
 
 from __future__ import annotations
 
 import datetime
-import socket
 from typing import Any
 
 import torch
@@ -36,14 +36,7 @@ def init_group_process_group(
             )
         return True
     timeout = datetime.timedelta(seconds=timeout_s)
-    if group.rank == 0:
-        _store = dist.TCPStore("0.0.0.0", 0, group.size, True, timeout=timeout, wait_for_workers=False)
-        address = (socket.gethostname(), _store.port)
-    else:
-        address = None
-    host, port = group.bcast(address)
-    if group.rank != 0:
-        _store = dist.TCPStore(host, port, group.size, False, timeout=timeout)
+    _store = group.torch_store(timeout_s)
     backend = "nccl" if device.startswith("cuda") else "gloo"
     dist.init_process_group(backend, store=_store, rank=group.rank, world_size=group.size, timeout=timeout)
     return True
