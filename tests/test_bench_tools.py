@@ -57,7 +57,10 @@ def test_bench_channel_writes_every_ratio(tmp_path: Path) -> None:
         "imbalance_round_robin",
         "imbalance_shortest_queue",
         "imbalance_perf_aware",
+        "imbalance_heterogeneous",
+        "makespan_heterogeneous_vs_ideal",
     }
+    assert data["ratios"]["makespan_heterogeneous_vs_ideal"] >= 0.9  # never faster than ideal
     # round-robin ignores the 1x/1x/2x/4x costs, so its imbalance is large whatever the noise
     assert data["ratios"]["imbalance_round_robin"] > 0.8
     assert data["ratios"]["small_items_per_s"] > 0
