@@ -71,6 +71,17 @@ def run_command(
     return Completed(proc.returncode, proc.stdout, proc.stderr)
 
 
+def run_mpi_program(
+    num_ranks: int, name: str, timeout: float = 150, extra_env: dict[str, str] | None = None
+) -> Completed:
+    """``mpiexec -n N python tests/mpi_programs/NAME`` with MPIEXEC_TIMEOUT a little under ours."""
+    env = job_env({"MPIEXEC_TIMEOUT": str(int(timeout) - 20), **(extra_env or {})})
+    script = TESTS_DIR / "mpi_programs" / name
+    return run_command(
+        [str(BIN / "mpiexec"), "-n", str(num_ranks), str(BIN / "python"), str(script)], timeout, env
+    )
+
+
 def rlinf(*args: str, timeout: float = 120, env: dict[str, str] | None = None) -> Completed:
     """``rlinf-hpc ARGS`` from this venv."""
     return run_command([str(BIN / "rlinf-hpc"), *args], timeout=timeout, env=env)

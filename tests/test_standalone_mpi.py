@@ -4,17 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import BIN, TESTS_DIR, job_env, run_command
+from conftest import run_mpi_program
 
 pytestmark = pytest.mark.mpi
 
 
 def test_plain_script_uses_the_data_plane_under_mpiexec() -> None:
-    script = TESTS_DIR / "mpi_programs" / "standalone_script.py"
-    env = job_env({"MPIEXEC_TIMEOUT": "120"})
-    result = run_command(
-        [str(BIN / "mpiexec"), "-n", "4", str(BIN / "python"), str(script)], timeout=150, env=env
-    )
+    result = run_mpi_program(4, "standalone_script.py")
     assert result.returncode == 0, result.output
     assert "STANDALONE OK on 4 ranks" in result.stdout, result.output
 

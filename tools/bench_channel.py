@@ -160,32 +160,39 @@ def bench_small_items(plane: object, comm: object, count: int) -> dict[str, floa
     return {"small_items_per_s": statistics.median(rates[1:])}
 
 
+def run_weighted_load(channel: object, rank: int, weights: object, factors: list[float]) -> float:
+    """Rank 0 puts every weight (the item says how heavy it is); consumer rank r sleeps
+    weight x factors[r - 1] x UNIT_S per item. Returns this rank's busy seconds."""
+    from rlinf_hpc.channel import EndOfStream
+
+    busy = 0.0
+    if rank == 0:
+        for weight in weights:
+            channel.put(float(weight), weight=float(weight))
+        channel.close()
+        return busy
+    factor = factors[rank - 1]
+    while True:
+        try:
+            weight = channel.get(timeout=120)
+        except EndOfStream:
+            return busy
+        started = time.perf_counter()
+        time.sleep(weight * factor * UNIT_S)
+        busy += time.perf_counter() - started
+
+
 def bench_imbalance(plane: object, comm: object, count: int) -> dict[str, float]:
     import numpy as np
 
-    from rlinf_hpc.channel import Channel, EndOfStream
+    from rlinf_hpc.channel import Channel
 
     weights = np.random.default_rng(0).lognormal(0.0, 0.5, size=count)
     out: dict[str, float] = {}
     for policy, key in POLICIES.items():
         channel = Channel(plane, policy)
         sleeping_barrier(comm)
-        busy = 0.0
-        if plane.rank == 0:
-            for weight in weights:
-                channel.put(float(weight), weight=float(weight))  # the item says how heavy it is
-            channel.close()
-        else:
-            factor = FACTORS[plane.rank - 1]
-            while True:
-                try:
-                    weight = channel.get(timeout=120)
-                except EndOfStream:
-                    break
-                cost = weight * factor * UNIT_S
-                started = time.perf_counter()
-                time.sleep(cost)
-                busy += time.perf_counter() - started
+        busy = run_weighted_load(channel, plane.rank, weights, FACTORS)
         busy_all = comm.gather(busy, root=0)
         if plane.rank == 0:
             consumers = busy_all[1:]
@@ -198,7 +205,7 @@ def bench_heterogeneous(comm: object, count: int) -> dict[str, object]:
     """performance_aware under strongly unequal consumers, at several capacities."""
     import numpy as np
 
-    from rlinf_hpc.channel import Channel, EndOfStream
+    from rlinf_hpc.channel import Channel
     from rlinf_hpc.comm import ChannelSpec, DataPlane, Directory
 
     size = comm.Get_size()
@@ -216,21 +223,7 @@ def bench_heterogeneous(comm: object, count: int) -> dict[str, object]:
         channel = Channel(plane, f"hetero{capacity}")
         sleeping_barrier(comm)
         start = time.perf_counter()
-        busy = 0.0
-        if plane.rank == 0:
-            for weight in weights:
-                channel.put(float(weight), weight=float(weight))
-            channel.close()
-        else:
-            factor = HETERO_FACTORS[plane.rank - 1]
-            while True:
-                try:
-                    weight = channel.get(timeout=120)
-                except EndOfStream:
-                    break
-                started = time.perf_counter()
-                time.sleep(weight * factor * UNIT_S)
-                busy += time.perf_counter() - started
+        busy = run_weighted_load(channel, plane.rank, weights, HETERO_FACTORS)
         sleeping_barrier(comm)
         makespan = time.perf_counter() - start
         busy_all = comm.gather(busy, root=0)
