@@ -77,7 +77,7 @@ class Collectives:
         received) to the members below it, so the root sends ceil(log2 N) copies instead of
         N - 1 and the time grows with log N. Non-root members return the received object.
 
-        >>> [_tree_children(v, 8) for v in range(8)]
+        >>> [tree_children(v, 8) for v in range(8)]
         [[4, 2, 1], [], [3], [], [6, 5], [], [7], []]
         """
         key, number = self._begin(members)
@@ -90,13 +90,13 @@ class Collectives:
         if relative == 0:
             value = obj
         else:
-            parent = key[(_tree_parent(relative) + start) % size]
+            parent = key[(tree_parent(relative) + start) % size]
             value = self._recv("broadcast", root_rank, key, number, parent, timeout)
         handles = [
             self.plane.isend(
                 ("broadcast", root_rank, value), key[(child + start) % size], tag, coalesce=False
             )
-            for child in _tree_children(relative, size)
+            for child in tree_children(relative, size)
         ]
         for handle in handles:
             handle.wait(timeout)
@@ -136,12 +136,13 @@ class Collectives:
         return received
 
 
-def _tree_parent(relative: int) -> int:
-    """Parent of a member in the binomial broadcast tree (members numbered from the root)."""
+def tree_parent(relative: int) -> int:
+    """Parent of a member in the binomial broadcast tree (members numbered from the root; also
+    used by weight sync)."""
     return relative - (relative & -relative)
 
 
-def _tree_children(relative: int, size: int) -> list[int]:
+def tree_children(relative: int, size: int) -> list[int]:
     """Children of a member in the binomial tree, farthest first (they forward the most)."""
     top = relative & -relative if relative else 1 << max(size - 1, 0).bit_length()
     children, mask = [], top >> 1

@@ -22,8 +22,10 @@ from harness import run_checks
 
 from rlinf_hpc.channel import Channel
 from rlinf_hpc.comm import ChannelSpec, CommOptions, DataPlane, Directory, wire
+from rlinf_hpc.comm.collectives import tree_children
 from rlinf_hpc.comm.mpi import world
 from rlinf_hpc.errors import CommTimeoutError
+from rlinf_hpc.workers.weights import receive_weights, send_weights, take_weights
 
 torch.set_num_threads(1)
 MB = 1 << 20
@@ -247,6 +249,31 @@ def check_integrity_mode_names_sender(size: int) -> None:
                 raise AssertionError(f"a corrupted message ({tag}) was accepted")
 
 
+def check_weight_sync_is_a_tree(plane: DataPlane, size: int) -> None:
+    """The actor (rank 0) sends ceil(log2(N + 1)) copies, not N; every target ends with its
+    weights exactly, in place (allocating and in-place receivers mixed)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 8))
+    nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    targets = [(rank, ("weights", rank)) for rank in range(1, size)]
+    if plane.rank == 0:
+        before = plane.stats["bytes_sent"]
+        send_weights(plane, model, targets)
+        copies = len(tree_children(0, size))
+        sent = plane.stats["bytes_sent"] - before
+        assert copies * nbytes <= sent < (copies + 1) * nbytes, (sent, copies, nbytes)
+        return
+    mine = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 8))
+    if plane.rank % 2:
+        receive_weights(plane, mine, 0, ("weights", plane.rank))
+    else:
+        mine.load_state_dict(take_weights(plane, 0, ("weights", plane.rank)), strict=False)
+    torch.manual_seed(0)
+    reference = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 8))
+    for got, want in zip(mine.parameters(), reference.parameters(), strict=True):
+        assert torch.equal(got, want), "weights differ after sync"
+
+
 def main() -> int:
     comm = world()
     size = comm.Get_size()
@@ -262,6 +289,7 @@ def main() -> int:
         ("allocating_recv_no_leak", lambda: check_allocating_recv_does_not_leak(plane, peer)),
         ("channel_gets_no_leak", lambda: check_channel_gets_do_not_leak(size)),
         ("integrity_mode", lambda: check_integrity_mode_names_sender(size)),
+        ("weight_sync_is_a_tree", lambda: check_weight_sync_is_a_tree(plane, size)),
     ]
     return run_checks(checks, "ALL CHECKS OK", "HARDENING_CHECKS")
 
