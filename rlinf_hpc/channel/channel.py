@@ -26,7 +26,7 @@ Usage, on a worker (the channel is declared under ``[channels.NAME]`` in the con
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import Counter, deque
 from typing import Any
 
 from rlinf_hpc.channel.consumer import ConsumerSide, EndOfStream, _Received
@@ -190,6 +190,7 @@ class Channel(ProducerSide, ConsumerSide):
         items queued on a consumer that never took them: `LostItemsError` says how many, from
         which producer, on which consumer. Losing items is never silent."""
         lost: list[str] = []
+        name_of = self.plane.directory.name_of
         self._flush_owed_acks()  # producers retiring at the same moment wait for these
         if self.is_producer:
             start = time.monotonic()
@@ -198,10 +199,7 @@ class Channel(ProducerSide, ConsumerSide):
                 if not self._take_acks():
                     self.plane.poll()
                     backoff.sleep()
-            per_consumer: dict[int, int] = {}
-            for consumer, _ in self._outstanding.values():
-                per_consumer[consumer] = per_consumer.get(consumer, 0) + 1
-            name_of = self.plane.directory.name_of
+            per_consumer = Counter(consumer for consumer, _ in self._outstanding.values())
             lost += [
                 f"{count} item(s) sent by {name_of(self.plane.rank)} to {name_of(consumer)} were never "
                 "taken by it"
@@ -209,11 +207,7 @@ class Channel(ProducerSide, ConsumerSide):
             ]
         if self.is_consumer:
             self._receive_available()  # what has arrived counts as queued here
-        if self.is_consumer and self._queue:
-            per_producer: dict[int, int] = {}
-            for received in self._queue:
-                per_producer[received.producer] = per_producer.get(received.producer, 0) + 1
-            name_of = self.plane.directory.name_of
+            per_producer = Counter(received.producer for received in self._queue)
             lost += [
                 f"{count} item(s) from {name_of(producer)} were still queued on {name_of(self.plane.rank)}"
                 for producer, count in sorted(per_producer.items())

@@ -162,7 +162,7 @@ class DataPlane:
             self._count(envelopes=1, nbytes=len(envelope))
         else:
             record = self._send_large(rank, tag, obj, description, leaves)
-        record.description = f"send to {self._name(rank)} (tag {tag!r}, {size_text(nbytes)})"
+        record.describe = lambda: f"send to {self._name(rank)} (tag {tag!r}, {size_text(nbytes)})"
         self._ledger.add(record)
         return self._send_handle(rank, tag, nbytes, record)
 
@@ -186,7 +186,8 @@ class DataPlane:
             if not record.test():
                 return False
             if record.error is not None:
-                raise record.error
+                error, record.error = record.error, None  # raised here: not logged by the ledger
+                raise error
             self._record(f"send to rank {rank}", started, nbytes, tag)
             return True
 
@@ -331,7 +332,8 @@ class DataPlane:
         request = self._comm.Isend([envelope, mpi().BYTE], rank, _ENVELOPE_TAG)
         # The ledger, not the batch, owns the envelope: callers often drop batch handles.
         batch.record = self._ledger.add(SendRecord([request], [envelope]))
-        batch.record.description = f"batch of {len(batch.headers)} small sends to {self._name(rank)}"
+        count = len(batch.headers)
+        batch.record.describe = lambda: f"batch of {count} small sends to {self._name(rank)}"
         self._count(envelopes=1, nbytes=len(envelope))
 
     def flush(self) -> None:

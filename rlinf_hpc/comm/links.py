@@ -139,10 +139,7 @@ class Links:
         link_id = f"{self.rank}>{peer}/{backend}/{number}"
         # Tags of the two directions of a pair differ in parity, so their stores never mix.
         tag = _LINK_TAG_BASE + 2 * number + (self.rank < peer)
-        from rlinf_hpc.comm.store import MPIStore  # imports torch: only once a link is wanted
-
-        store = MPIStore(self.comm, [self.rank, peer], tag, self.timeout.total_seconds())
-        link = Link(peer, backend, link_id, store=store)
+        link = Link(peer, backend, link_id, store=self._store(peer, tag))
         advertised = tag + 2 * 1_000_000 if self.fault_bad_address else tag
         return link, (backend, advertised, link_id)
 
@@ -172,9 +169,7 @@ class Links:
         _, tag, link_id = setup
         link = Link(peer, backend, link_id)
         try:
-            from rlinf_hpc.comm.store import MPIStore
-
-            link.store = MPIStore(self.comm, [self.rank, peer], tag, self.timeout.total_seconds())
+            link.store = self._store(peer, tag)
             link.group = _make_group(backend, _dist().PrefixStore(link_id, link.store), 1, self.timeout)
         except Exception as exc:  # noqa: BLE001 - the sender sees the same failure
             link.close()
@@ -188,6 +183,12 @@ class Links:
             return None
         self._incoming[key] = link
         return link
+
+    def _store(self, peer: int, tag: int) -> Any:
+        """The rendezvous store of one link: this rank and ``peer``, MPI messages on ``tag``."""
+        from rlinf_hpc.comm.store import MPIStore  # imports torch: only once a link is wanted
+
+        return MPIStore(self.comm, [self.rank, peer], tag, self.timeout.total_seconds())
 
     # -- lifecycle -------------------------------------------------------------------------
     def _give_up(self, key: tuple[int, str], reason: str) -> None:

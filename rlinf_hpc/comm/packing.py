@@ -130,7 +130,7 @@ class _Packer:
             return obj  # descriptions code containers as tuples, so raw scalars are unambiguous
         if kind is bytes and len(obj) < BYTES_LEAF_MIN:
             return ("b", obj)
-        if _is_tensor(obj) or isinstance(obj, (np.ndarray, bytes)):
+        if kind is bytes or _is_tensor(obj) or isinstance(obj, np.ndarray):
             index = self.seen.get(id(obj))
             if index is not None:  # the same object again: send it once, rebuild it once
                 return ("r", index)

@@ -4,7 +4,7 @@ batches, chunked staging."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,14 +44,16 @@ class SendRecord:
     MPI still reads is how a later message arrives torn.
     """
 
-    __slots__ = ("buffers", "description", "error", "requests", "works")
+    __slots__ = ("buffers", "describe", "error", "requests", "works")
 
     def __init__(self, requests: list[Any], buffers: list[Any], works: list[Any] | None = None) -> None:
         self.requests = requests
         self.buffers = buffers
         self.works = works or []
+        #: A link failure seen by `test`, until a handle raises it (then cleared).
         self.error: BaseException | None = None
-        self.description = ""
+        #: What the send was, for the warning about a failure nobody waited for (built only then).
+        self.describe: Callable[[], str] | None = None
 
     def test(self) -> bool:
         """True once MPI and the links are done with every buffer (which are then released)."""
@@ -90,8 +92,9 @@ class SendLedger:
         for record in self._records:
             if not record.test():
                 live.append(record)
-            elif record.error is not None and record.description:
-                log.warning("%s failed after its handle was dropped: %s", record.description, record.error)
+            elif record.error is not None and record.describe is not None:
+                log.warning("%s failed after its handle was dropped: %s", record.describe(), record.error)
+                record.error = None
         self._records = live
 
     def __len__(self) -> int:

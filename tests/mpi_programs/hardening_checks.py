@@ -14,6 +14,7 @@ import gc
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 import psutil
@@ -156,6 +157,18 @@ def rss() -> int:
     return psutil.Process().memory_info().rss
 
 
+def assert_rss_flat(receive: Callable[[], object], count: int, limit: int, what: str) -> None:
+    """``receive`` twice to warm up (allocator and MPI buffers settle), then ``count`` times:
+    RSS must grow by less than ``limit`` bytes (the received objects are dropped each time)."""
+    receive()
+    receive()
+    before = rss()
+    for _ in range(count):
+        receive()
+    growth = rss() - before
+    assert growth < limit, f"RSS grew {growth / MB:.0f} MB over {count} {what}"
+
+
 def check_allocating_recv_does_not_leak(plane: DataPlane, peer: int) -> None:
     """With the cycle collector off, 100 allocating receives of 64 MB keep RSS flat (within one
     message), directly and through a channel."""
@@ -169,15 +182,11 @@ def check_allocating_recv_does_not_leak(plane: DataPlane, peer: int) -> None:
             for _ in range(count + 2):
                 plane.send(payload, peer, tag="leak", timeout=60)
             return
-        plane.recv(0, tag="leak", timeout=60)
-        plane.recv(0, tag="leak", timeout=60)  # warm: allocator and MPI buffers settle
-        before = rss()
-        for _ in range(count):
-            got = plane.recv(0, tag="leak", timeout=60)
-            assert got.numel() == nbytes // 4
-        del got
-        growth = rss() - before
-        assert growth < 1.5 * nbytes, f"RSS grew {growth / MB:.0f} MB over {count} receives"
+
+        def receive() -> None:
+            assert plane.recv(0, tag="leak", timeout=60).numel() == nbytes // 4
+
+        assert_rss_flat(receive, count, int(1.5 * nbytes), "receives")
     finally:
         gc.enable()
 
@@ -196,14 +205,7 @@ def check_channel_gets_do_not_leak(size: int) -> None:
                 channel.put(torch.ones(nbytes // 4), timeout=60)
             channel.close()
         elif plane.rank == 1:
-            channel.get(timeout=60)
-            channel.get(timeout=60)
-            before = rss()
-            for _ in range(count):
-                item = channel.get(timeout=60)
-            del item
-            growth = rss() - before
-            assert growth < 3 * nbytes, f"RSS grew {growth / MB:.0f} MB over {count} channel gets"
+            assert_rss_flat(lambda: channel.get(timeout=60), count, 3 * nbytes, "channel gets")
     finally:
         gc.enable()
 
