@@ -8,6 +8,14 @@ CLI prints its message in one paragraph and exits with code 2, without a traceba
 from __future__ import annotations
 
 EXIT_USER_ERROR = 2
+#: A checkpoint was saved and the job stopped (signal or allocation deadline); resume with
+#: ``--resume auto`` (the default when the run directory holds checkpoints).
+EXIT_SAVED_AND_STOPPED = 3
+#: As 3, and the job requeued itself in SLURM (``scontrol requeue``).
+EXIT_REQUEUED = 4
+#: The job stopped without requeueing: a requeued run made no progress since the last one,
+#: or the requeue limit for timeouts (``checkpoint.max_requeues``) is reached.
+EXIT_NO_PROGRESS = 5
 
 
 class UserError(Exception):
@@ -51,3 +59,15 @@ class WorkerError(RuntimeError):
 
 class CommTimeoutError(TimeoutError):
     """A wait on other ranks expired. The message names who waited for whom, on what, how long."""
+
+
+class CheckpointStop(Exception):
+    """Raised by the checkpoint manager on rank 0 after it saved because the job must stop
+    (SIGUSR2, the allocation deadline). The job runner ends every rank and may requeue."""
+
+    def __init__(self, reason: str, step: int, path: str, progressed: bool) -> None:
+        self.reason = reason
+        self.step = step
+        self.path = path
+        self.progressed = progressed
+        super().__init__(f"stopped after saving step {step} ({reason}) to {path}")

@@ -62,6 +62,20 @@ def _parser() -> argparse.ArgumentParser:
         help="override a config key, e.g. --set job.num_ranks=8 (repeatable)",
     )
     run.add_argument("--run-dir", help="directory for this run's config, events and summary")
+    run.add_argument(
+        "--resume",
+        default="auto",
+        metavar="auto|never|PATH",
+        help="auto (default): continue from the newest complete checkpoint in the checkpoint "
+        "directory if there is one; never: start afresh (earlier checkpoints are moved aside); "
+        "PATH: a step-N checkpoint directory (or a directory of them)",
+    )
+    run.add_argument(
+        "--force-resume",
+        action="store_true",
+        help="resume although config keys differ from the checkpoint's (model and task keys "
+        "are refused even then)",
+    )
 
     info = commands.add_parser(
         "info", parents=[common], help="print job environment, MPI, ranks, devices, NVML status"
@@ -160,7 +174,9 @@ def _cmd_run(args: argparse.Namespace, argv: list[str]) -> int:
         launch_ranks(num_ranks, environment, argv)
     from rlinf_hpc.runners.job import JobRequest, run_job
 
-    return run_job(JobRequest(args.config, tuple(args.overrides), args.run_dir, args.np))
+    return run_job(
+        JobRequest(args.config, tuple(args.overrides), args.run_dir, args.np, args.resume, args.force_resume)
+    )
 
 
 def _cmd_info(args: argparse.Namespace, argv: list[str]) -> int:

@@ -15,11 +15,14 @@ from typing import Any
 
 from rlinf_hpc.channel import attach_channels, resolve_policy
 from rlinf_hpc.cluster import JobEnvironment, build_topology, detect_environment, local_rank_info
+from rlinf_hpc.cluster.allocation import read_allocation
 from rlinf_hpc.comm import CommOptions, ControlPlane, DataPlane, library_version
 from rlinf_hpc.config import Config, config_to_toml, load_config
-from rlinf_hpc.errors import CommTimeoutError, JobInterrupted, UserError, WorkerError
+from rlinf_hpc.errors import CheckpointStop, CommTimeoutError, JobInterrupted, UserError, WorkerError
 from rlinf_hpc.log import get_logger, setup_logging
 from rlinf_hpc.runners.flows import resolve_flow
+from rlinf_hpc.runtime.checkpoint.manager import CheckpointManager
+from rlinf_hpc.runtime.checkpoint.state import seed_process
 from rlinf_hpc.runtime.console import print_table
 from rlinf_hpc.runtime.events import EventLog
 from rlinf_hpc.runtime.signals import install_signal_handlers
@@ -38,6 +41,10 @@ class JobRequest:
     overrides: tuple[str, ...] = ()
     run_dir: str | None = None
     requested_ranks: int | None = None
+    #: ``auto`` (resume from the newest complete checkpoint if there is one), ``never``, or a path.
+    resume: str = "auto"
+    #: Resume even though (changeable) config keys differ from the checkpoint's.
+    force_resume: bool = False
 
 
 def _load_on_coordinator(control: ControlPlane, request: JobRequest) -> Config:
@@ -69,6 +76,7 @@ def run_job(request: JobRequest) -> int:
     setup_logging(control.rank, "coord" if control.rank == 0 else "worker")
     config = _load_on_coordinator(control, request)
     setup_logging(control.rank, "coord" if control.rank == 0 else "worker", config.job.log_level)
+    seed_process(config.job.seed, control.rank)
     infos = control.gather_to_coordinator(local_rank_info(control.rank, environment))
     comm = DataPlane(options=CommOptions(verify=config.comm.verify))  # collective: every rank, same order
     attach_channels(comm)  # channels follow every placement change from the first one on
@@ -94,6 +102,15 @@ def _coordinate(
     comm.span_hook = timeline.add
     coordinator = Coordinator(config, control, slots, comm, recorder=events.write)
     coordinator.run_dir = run_dir
+    checkpoints = CheckpointManager(
+        config,
+        run_dir,
+        request.resume,
+        request.force_resume,
+        read_allocation() if environment.in_slurm_allocation else None,
+    )
+    checkpoints.coordinator = coordinator
+    coordinator.checkpoints = checkpoints
     log.info(
         "job '%s': %d ranks on %d node(s), %s; %s",
         config.job.name,
@@ -107,6 +124,7 @@ def _coordinate(
     outcome = "failed"
     try:
         flow = _prepare(config, run_dir)
+        checkpoints.open()
         with timeline.span("placement", "phase", "coordinator"):
             placement = coordinator.start()
         events.write("placement", groups=placement.groups)
@@ -124,6 +142,11 @@ def _coordinate(
         log.info("job '%s' finished in %.1f s", config.job.name, time.monotonic() - started)
         _write_summary(run_dir, outcome, started, result)
         return 0
+    except CheckpointStop as exc:
+        outcome = "checkpointed"
+        coordinator.shutdown(0, f"checkpointed step {exc.step}")
+        _write_summary(run_dir, outcome, started, {"stopped_after_step": exc.step, "reason": exc.reason})
+        return checkpoints.exit_code_after_stop(exc)
     except JobInterrupted as exc:
         outcome = exc.signal_name
         log.warning("received %s: stopping every rank", exc.signal_name)
@@ -143,6 +166,7 @@ def _coordinate(
     except Exception as exc:  # noqa: BLE001 - report once, stop every rank, exit non-zero
         return _fail(coordinator, exc)
     finally:
+        checkpoints.close()
         events.write("end", outcome=outcome, wall_seconds=round(time.monotonic() - started, 3))
         events.close()
         if run_dir is not None and run_dir.is_dir():

@@ -16,6 +16,7 @@ from rlinf_hpc.config import Config
 from rlinf_hpc.engines.model import check_model_dir
 from rlinf_hpc.errors import UserError
 from rlinf_hpc.log import get_logger
+from rlinf_hpc.runtime.checkpoint.manager import checkpoints_of
 from rlinf_hpc.runtime.console import print_table
 from rlinf_hpc.runtime.metrics import MetricsLog, require_tensorboard
 from rlinf_hpc.runtime.plots import plot_training
@@ -83,13 +84,8 @@ def evaluate(coordinator: Coordinator, problems: list[Any]) -> dict[str, Any]:
     return {"accuracy": correct / len(rows), "correct": correct, "examples": replies[0]["examples"]}
 
 
-def math_grpo_flow(coordinator: Coordinator) -> dict[str, Any]:
-    config = coordinator.config
-    grpo = config.grpo
-    task = check_inputs(coordinator)
-    run_dir: Path | None = coordinator.run_dir
-    metrics = MetricsLog(run_dir, grpo.tensorboard)
-
+def _warm_start(coordinator: Coordinator, eval_set: list[Any]) -> tuple[dict[str, Any], float]:
+    """Supervised warm start, first weight sync, reference policy, held-out accuracy."""
     warm = coordinator.group("actor").call("warm_start").result()[0]
     log.info(
         "warm start %s in %.1f s%s", "loaded from cache" if warm["cached"] else "trained", warm["seconds"],
@@ -97,21 +93,51 @@ def math_grpo_flow(coordinator: Coordinator) -> dict[str, Any]:
     )  # fmt: skip
     sync_weights(coordinator)
     coordinator.group("inference").call("set_reference").result()
+    accuracy = evaluate(coordinator, eval_set)["accuracy"]
+    log.info("held-out accuracy after warm start: %.1f%% (%d problems)", 100 * accuracy, len(eval_set))
+    return warm, accuracy
+
+
+def math_grpo_flow(coordinator: Coordinator) -> dict[str, Any]:
+    """The main job. Checkpoints (`rlinf_hpc.runtime.checkpoint`) hold the actor's model and
+    optimizer, the reference policy, every rank's RNG and micro-batch sizes, `auto`'s decision
+    and this flow's history; the data position is the step (problems and sampling seeds are
+    functions of the step), so a resume continues exactly where the checkpoint was taken."""
+    config = coordinator.config
+    grpo = config.grpo
+    task = check_inputs(coordinator)
+    run_dir: Path | None = coordinator.run_dir
+    checkpoints = checkpoints_of(coordinator)
     eval_set = task.eval_problems()
-    start_eval = evaluate(coordinator, eval_set)
-    log.info(
-        "held-out accuracy after warm start: %.1f%% (%d problems)",
-        100 * start_eval["accuracy"],
-        len(eval_set),
-    )
 
     pipe = Pipeline(coordinator, "grpo")
     pipe.stage("rollout", "generate")
     pipe.stage("reward", "score").stage("inference", "logprobs").stage("actor", "collect", finish="update")
-    history: list[dict[str, Any]] = []
-    evals = [(0, start_eval["accuracy"])]
+    resumed = checkpoints.restore([pipe])
+    if resumed is None:
+        warm, start_accuracy = _warm_start(coordinator, eval_set)
+        history: list[dict[str, Any]] = []
+        evals = [(0, start_accuracy)]
+        first_step, rl_before = 0, 0.0
+    else:
+        sync_weights(coordinator)  # rollout and inference take the restored actor's weights
+        warm, history, rl_before = resumed["warm_start"], resumed["history"], resumed["rl_seconds"]
+        evals = [tuple(e) for e in resumed["evals"]]
+        first_step = resumed["step"]
+        start_accuracy = evals[0][1]
+    metrics = MetricsLog(run_dir, grpo.tensorboard, resume_after=first_step if resumed else None)
     started = time.monotonic()
-    for step in range(grpo.steps):
+
+    def flow_state() -> dict[str, Any]:
+        return {
+            "step": len(history),
+            "history": history,
+            "evals": [list(e) for e in evals],
+            "warm_start": warm,
+            "rl_seconds": rl_before + time.monotonic() - started,
+        }
+
+    for step in range(first_step, grpo.steps):
         problems = task.train_batch(step, grpo.prompts_per_step)
         items = [{"uid": p.uid, "step": step, "prompt": p.prompt, "answer": p.answer} for p in problems]
         result = pipe.run(items)
@@ -139,9 +165,11 @@ def math_grpo_flow(coordinator: Coordinator) -> dict[str, Any]:
         history.append(record)
         metrics.write(step + 1, record)
         _log_step(record, grpo.steps)
+        checkpoints.step_finished(step + 1, flow_state, [pipe], record["step_s"])
+    checkpoints.finish(grpo.steps, flow_state, [pipe])
     pipe.close()
     metrics.close()
-    rl_seconds = time.monotonic() - started
+    rl_seconds = rl_before + time.monotonic() - started
     end_accuracy = evals[-1][1]
     if run_dir is not None:
         plot_training(history, evals, run_dir / "progress.png", config.job.name)
@@ -149,21 +177,23 @@ def math_grpo_flow(coordinator: Coordinator) -> dict[str, Any]:
         "math GRPO: held-out accuracy (greedy)",
         ["", "accuracy", "problems", "reward (sampled)"],
         [
-            ("after warm start", f"{100 * start_eval['accuracy']:.1f}%", str(len(eval_set)), "-"),
+            ("after warm start", f"{100 * start_accuracy:.1f}%", str(len(eval_set)), "-"),
             (f"after {grpo.steps} GRPO steps", f"{100 * end_accuracy:.1f}%", str(len(eval_set)),
              f"{history[-1]['reward']:.3f}"),
         ],
     )  # fmt: skip
     summary = {
-        "eval_accuracy_start": start_eval["accuracy"],
+        "eval_accuracy_start": start_accuracy,
         "eval_accuracy_end": end_accuracy,
-        "eval_accuracy_gain": end_accuracy - start_eval["accuracy"],
+        "eval_accuracy_gain": end_accuracy - start_accuracy,
         "steps": grpo.steps,
         "rl_seconds": round(rl_seconds, 3),
         "warm_start": warm,
         "placement": pipe.placement_label,
         "mean_step_s": sum(r["step_s"] for r in history) / len(history),
         "tokens_per_s": sum(r["tokens"] for r in history) / max(sum(r["step_s"] for r in history), 1e-9),
+        "resumed_from_step": checkpoints.resumed_step if resumed else None,
+        "checkpoints": checkpoints.saved,
     }
     return {"summary": summary, "evals": evals, "final_reward": history[-1]["reward"]}
 

@@ -38,16 +38,31 @@ def _scalars(record: dict[str, Any], prefix: str = "") -> dict[str, float]:
 
 
 class MetricsLog:
-    """Write step records; a no-op without a run directory."""
+    """Write step records; a no-op without a run directory.
 
-    def __init__(self, run_dir: Path | None, tensorboard: bool = False) -> None:
-        self._file = (run_dir / "metrics.jsonl").open("w", encoding="utf-8") if run_dir else None
+    ``resume_after``: continue a run resumed from the checkpoint of that step — the records of
+    later steps (written after the checkpoint by the run that stopped) are dropped from
+    ``metrics.jsonl``, and TensorBoard purges its events from the next step on, so neither file
+    has gaps or duplicates.
+    """
+
+    def __init__(
+        self, run_dir: Path | None, tensorboard: bool = False, resume_after: int | None = None
+    ) -> None:
+        self._file = None
+        if run_dir is not None:
+            path = run_dir / "metrics.jsonl"
+            kept = _records_up_to(path, resume_after) if resume_after is not None else []
+            self._file = path.open("w", encoding="utf-8")
+            self._file.writelines(kept)
+            self._file.flush()
         self._writer: Any = None
         if tensorboard and run_dir is not None:
             require_tensorboard()
             from torch.utils.tensorboard import SummaryWriter
 
-            self._writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+            purge = None if resume_after is None else resume_after + 1
+            self._writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=purge)
 
     def write(self, step: int, record: dict[str, Any]) -> None:
         if self._file is not None:
@@ -63,3 +78,18 @@ class MetricsLog:
             self._file.close()
         if self._writer is not None:
             self._writer.close()
+
+
+def _records_up_to(path: Path, step: int) -> list[str]:
+    """The lines of ``path`` whose record's ``step`` is at most ``step`` (complete lines only)."""
+    if not path.is_file():
+        return []
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut short by the kill
+        if line.endswith("\n") and record.get("step", 0) <= step:
+            kept.append(line)
+    return kept

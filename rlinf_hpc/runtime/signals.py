@@ -3,6 +3,10 @@
 Under mpiexec (Hydra) and srun the signal reaches every rank; each one unwinds through its
 normal exit path (the coordinator stops the workers that are still there, workers say Bye), so
 the job ends cleanly instead of leaving ranks behind.
+
+SIGUSR2 (SLURM's ``--signal=B:USR2@SECONDS`` before the allocation ends, or ``scancel
+--signal=USR2``) only sets a flag: the coordinator reads it at the next step boundary, saves a
+checkpoint and stops, so that every rank saves the same step. SIGUSR1 is left to NCCL.
 """
 
 from __future__ import annotations
@@ -13,6 +17,10 @@ from types import FrameType
 from rlinf_hpc.errors import JobInterrupted
 
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+#: The "save and stop" signal.
+STOP_SIGNAL = signal.SIGUSR2
+
+_stop_requested: list[str] = []
 
 
 def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
@@ -22,7 +30,23 @@ def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
     raise JobInterrupted(signum)
 
 
+def _flag_stop(signum: int, frame: FrameType | None) -> None:
+    _stop_requested.append(signal.Signals(signum).name)
+
+
+def stop_requested() -> str | None:
+    """The name of the save-and-stop signal if one arrived on this rank, else None."""
+    return _stop_requested[0] if _stop_requested else None
+
+
+def request_stop(reason: str) -> None:
+    """Ask for a save and stop at the next step boundary (what SIGUSR2 does)."""
+    _stop_requested.append(reason)
+
+
 def install_signal_handlers() -> None:
-    """Make SIGINT/SIGTERM raise `JobInterrupted` (main thread only)."""
+    """Make SIGINT/SIGTERM raise `JobInterrupted` and SIGUSR2 flag a save-and-stop (main
+    thread only)."""
     for sig in HANDLED_SIGNALS:
         signal.signal(sig, _raise_interrupted)
+    signal.signal(STOP_SIGNAL, _flag_stop)

@@ -55,6 +55,26 @@ class AutoPlacement:
             return None
         return getattr(self.prediction, self.choice or "collocated")
 
+    def state_dict(self) -> dict[str, Any]:
+        """Warm-up progress, the prediction and the decision (a resumed run does not re-measure)."""
+        prediction = None
+        if self.prediction is not None:
+            prediction = {
+                "collocated": self.prediction.collocated,
+                "disaggregated": self.prediction.disaggregated,
+                "ranks_per_phase": dict(self.prediction.ranks_per_phase),
+            }
+        return {
+            "steps": self.steps,
+            "choice": self.choice,
+            "prediction": prediction,
+            "measured_s": self.measured_s,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.steps, self.choice, self.measured_s = state["steps"], state["choice"], state["measured_s"]
+        self.prediction = Prediction(**state["prediction"]) if state["prediction"] else None
+
     def after_step(self, pipeline: Pipeline, result: StepResult, num_items: int) -> None:
         self.steps += 1
         if self.choice is None:

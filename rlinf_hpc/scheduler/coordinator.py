@@ -75,6 +75,8 @@ class Coordinator:
         self.run_dir: Path | None = None
         #: Timeline spans the workers handed over when they left (see runtime.timeline).
         self.worker_spans: list[dict[str, Any]] = []
+        #: The job's checkpoint manager (`rlinf_hpc.runtime.checkpoint.manager`), set by the runner.
+        self.checkpoints: Any = None
 
     # -- placement ---------------------------------------------------------------------------
     @property

@@ -20,6 +20,8 @@ Compression modes, measured in tools/bench_switch.py (weights barely compress as
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -141,6 +143,24 @@ class StateOffloader:
             return pooled
         return torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=pin)
 
+    def peek(self, snapshot: Snapshot) -> dict[str, torch.Tensor]:
+        """The snapshot's tensors in host memory, without consuming it (a checkpoint of an
+        offloaded component reads these; nothing moves to the device)."""
+        peeked: dict[str, torch.Tensor] = {}
+        for name, entry in snapshot.entries.items():
+            peeked[name] = entry.host if entry.host is not None else self._decode(snapshot, entry)
+        return peeked
+
+    def _decode(self, snapshot: Snapshot, entry: _Entry) -> torch.Tensor:
+        assert entry.blob is not None
+        data = np.frombuffer(self._decompressor.decompress(entry.blob), dtype=np.uint8)
+        itemsize = torch.empty((), dtype=entry.dtype).element_size()
+        if snapshot.mode in ("byte_planes", "delta"):
+            data = _join_planes(data, itemsize)
+        if entry.base is not None:
+            data = np.bitwise_xor(data, entry.base)
+        return _from_bytes(data, entry.dtype, entry.shape)
+
     def onload(
         self, snapshot: Snapshot, out: dict[str, torch.Tensor] | None = None
     ) -> dict[str, torch.Tensor]:
@@ -148,17 +168,7 @@ class StateOffloader:
         tensors on each tensor's original device."""
         restored: dict[str, torch.Tensor] = {}
         for name, entry in snapshot.entries.items():
-            if entry.host is not None:
-                value = entry.host
-            else:
-                assert entry.blob is not None
-                data = np.frombuffer(self._decompressor.decompress(entry.blob), dtype=np.uint8)
-                itemsize = torch.empty((), dtype=entry.dtype).element_size()
-                if snapshot.mode in ("byte_planes", "delta"):
-                    data = _join_planes(data, itemsize)
-                if entry.base is not None:
-                    data = np.bitwise_xor(data, entry.base)
-                value = _from_bytes(data, entry.dtype, entry.shape)
+            value = entry.host if entry.host is not None else self._decode(snapshot, entry)
             target = out.get(name) if out is not None else None
             if target is not None:
                 target.copy_(value, non_blocking=value.is_pinned())
@@ -229,6 +239,13 @@ class ModuleSwitch:
             raise RuntimeError(f"'{self.key}' is offloaded already")
         tensors = self._tensors()
         snapshot = self.offloader.offload({k: t for k, (t, _, _) in tensors.items()}, self.key)
+        self._release(tensors)
+        self._snapshot = snapshot
+        return snapshot
+
+    @staticmethod
+    def _release(tensors: dict[str, tuple[torch.Tensor, Any, Any]]) -> None:
+        """Drop the references to ``tensors`` (empty tensors of the same dtype and device)."""
         for tensor, owner, attr in tensors.values():
             empty = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
             if attr == "data":
@@ -239,8 +256,19 @@ class ModuleSwitch:
                 owner[attr] = empty
             else:
                 setattr(owner, attr, empty)
-        self._snapshot = snapshot
-        return snapshot
+
+    @contextmanager
+    def host_view(self) -> Iterator[None]:
+        """While offloaded: point the module's parameters, buffers and optimizer state at the
+        host copies for the body (e.g. a checkpoint's `state_dict`), then release them again."""
+        if self._snapshot is None:
+            yield
+            return
+        self._attach(self.offloader.peek(self._snapshot))
+        try:
+            yield
+        finally:
+            self._release(self._tensors())
 
     def onload(self) -> float:
         """Put everything back on its device; returns the seconds it took."""
@@ -249,6 +277,10 @@ class ModuleSwitch:
         start = time.perf_counter()
         restored = self.offloader.onload(self._snapshot)
         self._snapshot = None
+        self._attach(restored)
+        return time.perf_counter() - start
+
+    def _attach(self, restored: dict[str, torch.Tensor]) -> None:
         params = dict(self.module.named_parameters())
         states = list(self.optimizer.state.values()) if self.optimizer is not None else []
         for key, value in restored.items():
@@ -264,4 +296,3 @@ class ModuleSwitch:
             else:
                 index, _, attr = name.partition(":")
                 states[int(index)][attr] = value
-        return time.perf_counter() - start

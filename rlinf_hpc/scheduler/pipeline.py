@@ -116,6 +116,16 @@ class Pipeline:
         )  # fmt: skip
         return result
 
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps: the step count and `auto`'s measurements and decision (the
+        elastic micro-batch sizes live on the workers and are saved with them)."""
+        return {"step": self._step, "auto": self._auto.state_dict() if self._auto else None}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._step = state["step"]
+        if self._auto is not None and state["auto"] is not None:
+            self._auto.load_state_dict(state["auto"])
+
     def close(self) -> None:
         """Remove the last step's streams (the job's end does it too)."""
         if self._streams:

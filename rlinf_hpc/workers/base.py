@@ -44,6 +44,9 @@ class Worker:
     last_switch_s: float = 0.0
     #: The whole job's configuration (typed sections such as ``[grpo]``); None in bare tests.
     job_config: Config | None = None
+    #: Whether `state_dict` is the same on every rank of the group (data parallelism): then
+    #: only group rank 0 writes it, and a resume with any number of ranks loads it.
+    replicated_state: bool = True
 
     def _bind(
         self,
@@ -126,6 +129,19 @@ class Worker:
     def teardown(self) -> None:
         """Called when the worker leaves its group or the job ends."""
 
+    def state_dict(self) -> dict[str, Any] | None:
+        """What a checkpoint keeps of this worker (tensors, numpy arrays, JSON scalars in dicts,
+        lists, tuples — never arbitrary objects); None (default) for nothing. Called at a step
+        boundary, while the component may be switched out (its tensors are then host copies).
+        State a flow re-derives on resume (e.g. a rollout's weights, synced from the actor)
+        need not be saved. RNG states and elastic micro-batch sizes are saved for every rank
+        by the runtime."""
+        return None
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take back what `state_dict` returned (tensors arrive on the CPU)."""
+        raise NotImplementedError(f"{type(self).__name__} saves state but has no load_state_dict()")
+
     # -- built-in methods callable from the coordinator -----------------------------------------
     def describe(self) -> dict[str, Any]:
         """Where this worker runs: world rank, group rank/size, host, device."""
@@ -143,6 +159,26 @@ class Worker:
         """Run one pipeline stage on this rank (sent by `rlinf_hpc.scheduler.Pipeline`): call
         ``spec["method"]`` on micro-batches from the input channel until it ends."""
         return run_stage(self, StageSpec(**spec))
+
+    def checkpoint_save(self, directory: str, asynchronous: bool = True) -> dict[str, Any]:
+        """Snapshot this worker's state to host memory; the files follow in the background
+        (`checkpoint_poll`). Sent by the checkpoint manager at a step boundary."""
+        return self._checkpointing().save(directory, asynchronous)
+
+    def checkpoint_poll(self, wait: bool = False) -> list[dict[str, Any]] | None:
+        """The files of the last `checkpoint_save` once written (None while writing)."""
+        return self._checkpointing().poll(wait)
+
+    def checkpoint_load(self, directory: str) -> dict[str, Any]:
+        """Load this worker's state and this rank's RNG and micro-batch sizes."""
+        return self._checkpointing().load(directory)
+
+    def _checkpointing(self) -> Any:
+        from rlinf_hpc.workers.checkpointing import WorkerCheckpointing
+
+        if getattr(self, "_checkpoint_state", None) is None:
+            self._checkpoint_state = WorkerCheckpointing(self)
+        return self._checkpoint_state
 
     def channel_stats(self, name: str) -> dict[str, Any]:
         """`Channel.stats` of channel ``name`` on this rank (for the flow to record)."""

@@ -48,6 +48,21 @@ class ActorWorker(PolicyWorker):
     def switch_state(self) -> Any:
         return self.trainer.switch_state()
 
+    @property  # type: ignore[override]
+    def replicated_state(self) -> bool:
+        """DDP ranks hold the same model and optimizer; ZeRO ranks hold their own partition."""
+        return self.config.grpo.train_backend != "deepspeed"
+
+    def state_dict(self) -> dict[str, Any]:
+        """The policy and the RL optimizer (Adam moments, step, learning rate)."""
+        return {"model": self.model.state_dict(), "optimizer": self.trainer.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume: the RL optimizer as the warm start leaves it, then the saved state."""
+        self._start_rl()
+        self.model.load_state_dict(state["model"])
+        self.trainer.optimizer.load_state_dict(state["optimizer"])
+
     def on_regroup(self) -> None:
         """The actor group changed (re-partition): rebuild data parallelism over the new group;
         weights and optimizer state stay."""

@@ -239,6 +239,14 @@ class InferenceWorker(PolicyWorker):
     def switch_state(self) -> Any:
         return self.model if self.reference is None else torch.nn.ModuleList([self.model, self.reference])
 
+    def state_dict(self) -> dict[str, Any] | None:
+        """The reference policy (the current one is synced from the actor after a resume)."""
+        return None if self.reference is None else {"reference": self.reference.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.set_reference()
+        self.reference.load_state_dict(state["reference"])
+
     @torch.no_grad()
     def logprobs(self, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
         prompts = [item["prompt_ids"] for item in batch for _ in item["completions"]]

@@ -26,6 +26,10 @@ log = get_logger("service")
 _REQUEST_TIMEOUT_S = 600.0
 
 
+#: Built-in methods that run without switching their component in (checkpoint saves).
+_IN_PLACE_METHODS = frozenset({"checkpoint_save", "checkpoint_poll"})
+
+
 def resolve_worker_class(path: str) -> type[Worker]:
     """Import ``package.module:ClassName`` and check it is a `Worker` subclass."""
     return import_subclass(path, Worker, "worker", " Fix the component's `worker` key.")
@@ -109,13 +113,16 @@ class WorkerService:
         worker = self.workers.get(command.component)
         if worker is None:
             raise RuntimeError(f"rank {self.rank} hosts no component '{command.component}'")
-        mode, offload = self._switch_settings.get(command.component, ("off", "none"))
-        worker.last_switch_s = self.timeshare.activate(command.component, self.workers, mode, offload)
         method = getattr(worker, command.method, None)
         if method is None or not callable(method):
             raise AttributeError(
                 f"{type(worker).__name__} (component '{command.component}') has no method '{command.method}'"
             )
+        if command.method in _IN_PLACE_METHODS:  # a switched-out component is read off the host
+            with self.timeshare.host_view(command.component):
+                return method(*command.args, **command.kwargs)
+        mode, offload = self._switch_settings.get(command.component, ("off", "none"))
+        worker.last_switch_s = self.timeshare.activate(command.component, self.workers, mode, offload)
         return method(*command.args, **command.kwargs)
 
     def _execute(self, command: Call | Join | Leave | SetDirectory) -> Reply:

@@ -10,6 +10,8 @@ Each switch is a timeline span (category ``switch``) with its seconds and compre
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 from rlinf_hpc.log import get_logger
@@ -76,6 +78,14 @@ class DeviceTimeShare:
                 ratio=round(ratio, 3),
             )
         return seconds if switched else 0.0
+
+    @contextmanager
+    def host_view(self, component: str) -> Iterator[None]:
+        """Run the body with ``component``'s state readable where it is: resident, or (when it
+        is switched out) its host copy — nothing is moved back to the device."""
+        switch = self._switches.get(component) if component in self._offloaded else None
+        with switch.host_view() if switch is not None else nullcontext():
+            yield
 
     def _switch_for(self, name: str, worker: Worker, offload: str) -> ModuleSwitch | None:
         if name not in self._switches:

@@ -1,0 +1,463 @@
+"""The coordinator's checkpoint manager: when to save, the two-phase save, exact resume.
+
+A flow opts in with three calls (math_grpo does)::
+
+    checkpoints = checkpoints_of(coordinator)
+    state = checkpoints.restore([pipeline])          # None on a fresh start
+    for step in range(start, steps):
+        ...                                         # one step; channels are empty after it
+        checkpoints.step_finished(step + 1, lambda: flow_state, [pipeline], step_seconds)
+    checkpoints.finish(steps, lambda: flow_state, [pipeline])
+
+Workers contribute through `Worker.state_dict` / `load_state_dict`; pipelines through their
+own ``state_dict`` (elastic sizes, ``auto``'s measurements and decision). `step_finished` saves
+every ``checkpoint.every_steps`` / ``every_minutes``, and saves then raises `CheckpointStop`
+when SIGUSR2 arrived or the SLURM allocation's end is near (elapsed + slowest step + measured
+save time + margin). Saves are asynchronous: training waits only for the host copies; the
+commit (manifest + rename) happens at a later step boundary once every rank has written.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlinf_hpc.cluster.allocation import Allocation, can_requeue, requeue
+from rlinf_hpc.config import Config
+from rlinf_hpc.errors import (
+    EXIT_NO_PROGRESS,
+    EXIT_REQUEUED,
+    EXIT_SAVED_AND_STOPPED,
+    CheckpointStop,
+    UserError,
+    WorkerError,
+)
+from rlinf_hpc.log import get_logger
+from rlinf_hpc.runtime.checkpoint.files import BackgroundWrite, read_state
+from rlinf_hpc.runtime.checkpoint.state import capture_rng, host_copy, restore_rng
+from rlinf_hpc.runtime.checkpoint.store import (
+    Checkpoint,
+    CheckpointStore,
+    config_differences,
+    config_hash,
+    describe_differences,
+    open_checkpoint,
+)
+from rlinf_hpc.runtime.signals import stop_requested
+
+log = get_logger("checkpoint")
+
+COORDINATOR_FILE = "coordinator"
+
+
+@dataclass
+class _Pending:
+    """A save whose files are still being written."""
+
+    step: int
+    reason: str
+    staging: Path
+    started: float
+    stall_s: float
+    coordinator_write: BackgroundWrite
+    groups: dict[str, list[int]]
+    replicated: dict[str, bool]
+    waiting: set[str]
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+class CheckpointManager:
+    """Checkpoints of one job (rank 0). Disabled (every call a no-op) without a directory."""
+
+    def __init__(
+        self,
+        config: Config,
+        run_dir: Path | None,
+        resume: str = "auto",
+        force: bool = False,
+        allocation: Allocation | None = None,
+    ) -> None:
+        self.config = config
+        self.settings = config.checkpoint
+        root = Path(self.settings.dir).expanduser() if self.settings.dir else None
+        if root is None and run_dir is not None:
+            root = run_dir / "checkpoints"
+        self.enabled = self.settings.enabled and root is not None
+        self.store = CheckpointStore(root, self.settings.keep) if root is not None else None
+        self.resume_mode = resume
+        self.force = force
+        self.allocation = allocation
+        self.coordinator: Any = None
+        self.target: Checkpoint | None = None
+        self.resumed_step = 0
+        self._pending: _Pending | None = None
+        self._last_save = time.monotonic()
+        self._slowest_step = 0.0
+        self._save_s = 0.0
+        self.saved: list[dict[str, Any]] = []
+
+    # -- start -------------------------------------------------------------------------------
+    def open(self) -> None:
+        """Before any worker starts: take the directory, find what to resume from and check
+        it fits this config (`UserError` otherwise)."""
+        if not self.enabled:
+            if self.settings.enabled:
+                log.info("checkpoints off: no --run-dir and no checkpoint.dir")
+            if self.resume_mode not in ("auto", "never"):
+                raise UserError(
+                    f"--resume {self.resume_mode}: checkpoints are disabled for this run "
+                    "(checkpoint.enabled = false); enable them to resume."
+                )
+            return
+        assert self.store is not None
+        self.store.acquire(self.allocation.job_id if self.allocation else None)
+        if self.allocation is not None and self.settings.requeue and not can_requeue():
+            log.warning(
+                "inside SLURM job %s but scontrol is not available: after a deadline save the job "
+                "cannot requeue itself; chain jobs with `sbatch --dependency=singleton` instead "
+                "(README, Long jobs)", self.allocation.job_id,
+            )  # fmt: skip
+        self.target = self._find_target()
+        if self.target is not None:
+            self._check_fits(self.target)
+
+    def _find_target(self) -> Checkpoint | None:
+        assert self.store is not None
+        mode = self.resume_mode
+        if mode == "never":
+            if self.store.has_any():
+                aside = self.store.root / f"previous-{time.strftime('%Y%m%d-%H%M%S')}"
+                aside.mkdir()
+                for path in [*self.store.committed(), *self.store.root.glob("step-*.tmp")]:
+                    path.rename(aside / path.name)
+                log.warning("--resume never: earlier checkpoints moved to %s", aside)
+            return None
+        if mode == "auto":
+            found = self.store.newest_complete()
+            if found is None and self.store.has_any():
+                log.warning("no complete checkpoint in %s: starting from the beginning", self.store.root)
+            return found
+        path = Path(mode).expanduser()
+        try:
+            if (path / "manifest.json").is_file() or path.name.startswith("step-"):
+                return open_checkpoint(path)
+            if path.is_dir():
+                found = CheckpointStore(path).newest_complete()
+                if found is not None:
+                    return found
+                raise ValueError("it holds no complete checkpoint (step-N/ with a manifest.json)")
+            raise ValueError("it does not exist")
+        except ValueError as exc:
+            raise UserError(
+                f"--resume {mode} is not a usable checkpoint: {exc}. Give a step-N directory "
+                "written by rlinf-hpc (or a directory of them), `auto` or `never`."
+            ) from None
+
+    def _check_fits(self, checkpoint: Checkpoint) -> None:
+        saved = checkpoint.manifest["config"]
+        current = self.config.model_dump(mode="json")
+        changed, fixed = config_differences(saved, current)
+        if fixed:
+            raise UserError(
+                f"checkpoint {checkpoint.path} was written by a job whose {', '.join(fixed)} differ "
+                f"({describe_differences(saved, current, fixed)}); its state cannot be loaded into "
+                "this one. Start a new run directory, or resume with the original settings."
+            )
+        if changed and not self.force:
+            raise UserError(
+                f"checkpoint {checkpoint.path} was written with a different config: "
+                f"{describe_differences(saved, current, changed)}. Resume with the same config, add "
+                "--force-resume to accept the changes, or --resume never to start afresh."
+            )
+        if changed:
+            log.warning("resuming with changed config keys (--force-resume): %s", ", ".join(changed))
+
+    # -- resume ------------------------------------------------------------------------------
+    def restore(self, pipelines: Sequence[Any] = ()) -> dict[str, Any] | None:
+        """Load the checkpoint chosen at start into every worker and the pipelines; returns the
+        flow's state, or None on a fresh start."""
+        if self.target is None:
+            return None
+        coordinator = self.coordinator
+        checkpoint = self.target
+        saved = read_state(checkpoint.path, COORDINATOR_FILE)
+        self._check_world(checkpoint, saved["groups"])
+        for pipeline, state in zip(pipelines, saved["pipelines"], strict=False):
+            pipeline.load_state_dict(state)
+        groups = {name: list(ranks) for name, ranks in saved["groups"].items()}
+        if groups != coordinator.placement.groups and self.config.placement.mode == "auto":
+            coordinator.repartition(groups)  # auto had decided: take its placement back
+        started = time.monotonic()
+        futures = [
+            coordinator.group(name).call("checkpoint_load", str(checkpoint.path))
+            for name in coordinator.placement.groups
+        ]
+        for future in futures:
+            future.result()
+        restore_rng(saved["rng"])
+        self.resumed_step = checkpoint.step
+        self._last_save = time.monotonic()
+        log.info(
+            "resumed from %s (step %d, saved for: %s) in %.2f s",
+            checkpoint.path, checkpoint.step, checkpoint.manifest.get("reason"), time.monotonic() - started,
+        )  # fmt: skip
+        coordinator.record("checkpoint_resumed", path=str(checkpoint.path), step=checkpoint.step)
+        return saved["flow"]
+
+    def _check_world(self, checkpoint: Checkpoint, saved_groups: dict[str, list[int]]) -> None:
+        current = self.coordinator.placement.groups
+        for name, info in checkpoint.manifest["components"].items():
+            now = len(current.get(name, []))
+            if info["ranks"] == now:
+                continue
+            if not info["replicated"]:
+                raise UserError(
+                    f"checkpoint {checkpoint.path} holds per-rank state of component '{name}' for "
+                    f"{info['ranks']} rank(s); this job gives it {now}, and that state cannot be "
+                    f"re-split (e.g. DeepSpeed ZeRO partitions). Resume with {info['ranks']} rank(s) "
+                    f"for '{name}'."
+                )
+            if self.config.placement.mode != "auto":
+                log.warning(
+                    "component '%s' had %d rank(s), now %d: its replicated state is loaded on every "
+                    "rank, but ranks without a saved RNG state start fresh (not bitwise exact)",
+                    name, info["ranks"], now,
+                )  # fmt: skip
+
+    # -- saving ------------------------------------------------------------------------------
+    def step_finished(
+        self,
+        step: int,
+        state: Callable[[], dict[str, Any]],
+        pipelines: Sequence[Any] = (),
+        step_seconds: float = 0.0,
+    ) -> None:
+        """Called after step ``step`` (1-based) finished; saves when due, raises
+        `CheckpointStop` after a save the job must stop for."""
+        if not self.enabled:
+            return
+        self._slowest_step = max(self._slowest_step, step_seconds)
+        reason = self._stop_reason()
+        if reason is not None:
+            path = self._save(step, reason, state, pipelines, wait=True)
+            raise CheckpointStop(reason, step, str(path), progressed=step > self.resumed_step)
+        every, minutes = self.settings.every_steps, self.settings.every_minutes
+        if (every and step % every == 0) or (minutes and time.monotonic() - self._last_save >= 60 * minutes):
+            self._save(step, "periodic", state, pipelines, wait=not self.settings.async_save)
+        else:
+            self._finish_pending(wait=False)
+
+    def finish(self, step: int, state: Callable[[], dict[str, Any]], pipelines: Sequence[Any] = ()) -> None:
+        """After the last step: the final save (``at_end``), committed before returning."""
+        if not self.enabled:
+            return
+        if self.settings.at_end and not (self.saved and self.saved[-1]["step"] == step):
+            if self._pending is not None and self._pending.step == step:
+                self._finish_pending(wait=True)
+            else:
+                self._save(step, "end", state, pipelines, wait=True)
+        self._finish_pending(wait=True)
+
+    def close(self) -> None:
+        """The job ends: wait for a save in flight only if the job ended well (see finish)."""
+        if self.store is not None and self.enabled:
+            self.store.release()
+
+    def _stop_reason(self) -> str | None:
+        signal_name = stop_requested()
+        if signal_name is not None:
+            return f"signal {signal_name}"
+        allocation = self.allocation
+        left = allocation.seconds_left() if allocation is not None else None
+        if left is not None:
+            needed = self._slowest_step + self._save_s + self.settings.deadline_margin_s
+            if left <= needed:
+                return f"allocation deadline ({left:.0f} s left, next step + save need {needed:.0f} s)"
+        return None
+
+    def _save(
+        self,
+        step: int,
+        reason: str,
+        state: Callable[[], dict[str, Any]],
+        pipelines: Sequence[Any],
+        wait: bool,
+    ) -> Path:
+        assert self.store is not None
+        self._finish_pending(wait=True)
+        coordinator = self.coordinator
+        started = time.monotonic()
+        staging = self.store.staging(step)
+        groups = {name: list(ranks) for name, ranks in coordinator.placement.groups.items()}
+        asynchronous = self.settings.async_save and not wait
+        futures = {
+            name: coordinator.group(name).call("checkpoint_save", str(staging), asynchronous)
+            for name in groups
+        }
+        own = host_copy(
+            {
+                "step": step,
+                "flow": state(),
+                "pipelines": [p.state_dict() for p in pipelines],
+                "rng": capture_rng(),
+                "groups": groups,
+            }
+        )
+        replicated = {}
+        for name, future in futures.items():
+            replies = future.result()
+            replicated[name] = all(r["replicated"] for r in replies)
+        stall = time.monotonic() - started
+        write = BackgroundWrite(staging, COORDINATOR_FILE, own, asynchronous)
+        self._pending = _Pending(
+            step, reason, staging, started, stall, write, groups, replicated, set(groups)
+        )
+        self._last_save = time.monotonic()
+        if wait:
+            return self._finish_pending(wait=True) or staging
+        return staging
+
+    def _finish_pending(self, wait: bool) -> Path | None:
+        """Commit the save in flight once every rank wrote its files (or, with ``wait``, after
+        waiting for them). A failed save is discarded; the previous checkpoint stays."""
+        pending = self._pending
+        if pending is None:
+            return None
+        try:
+            for name in sorted(pending.waiting):
+                replies = self.coordinator.group(name).call("checkpoint_poll", wait).result()
+                if any(r is None for r in replies) and not wait:
+                    return None
+                for records in replies:
+                    for record in records or []:
+                        pending.files[record["name"]] = record
+                pending.waiting.discard(name)
+            if not pending.coordinator_write.done(wait):
+                return None
+            if pending.coordinator_write.error is not None:
+                raise pending.coordinator_write.error
+            for record in pending.coordinator_write.records or []:
+                pending.files[record["name"]] = record
+        except (WorkerError, OSError) as exc:
+            self._pending = None
+            self.store.discard(pending.staging)  # type: ignore[union-attr]
+            newest = self.saved[-1]["path"] if self.saved else "none yet"
+            log.error(
+                "checkpoint of step %d failed (%s); the newest complete checkpoint (%s) is intact",
+                pending.step, exc, newest,
+            )  # fmt: skip
+            self.coordinator.record("checkpoint_failed", step=pending.step, error=str(exc), newest=newest)
+            if pending.reason != "periodic":
+                raise
+            return None
+        self._pending = None
+        return self._commit(pending)
+
+    def _commit(self, pending: _Pending) -> Path:
+        assert self.store is not None
+        config = self.config.model_dump(mode="json")
+        manifest = {
+            "step": pending.step,
+            "reason": pending.reason,
+            "world": {"size": len(self.coordinator.worker_ranks) + 1, "groups": pending.groups},
+            "components": {
+                name: {"ranks": len(ranks), "replicated": pending.replicated[name]}
+                for name, ranks in pending.groups.items()
+            },
+            "config_hash": config_hash(config),
+            "config": config,
+            "job": {
+                "slurm_job_id": self.allocation.job_id if self.allocation else None,
+                "host": socket.gethostname(),
+            },
+            "stall_s": round(pending.stall_s, 6),
+            "files": {
+                name: {k: r[k] for k in ("size", "sha256")} for name, r in sorted(pending.files.items())
+            },
+        }
+        path = self.store.commit(pending.staging, manifest)
+        seconds = time.monotonic() - pending.started
+        self._save_s = max(self._save_s, seconds)
+        size = sum(r["size"] for r in pending.files.values())
+        entry = {
+            "step": pending.step, "reason": pending.reason, "path": str(path), "seconds": round(seconds, 4),
+            "stall_s": round(pending.stall_s, 4), "bytes": size,
+        }  # fmt: skip
+        self.saved.append(entry)
+        log.info(
+            "checkpoint step %d (%s): %.1f MB in %.2f s (training stalled %.3f s) -> %s",
+            pending.step, pending.reason, size / 1e6, seconds, pending.stall_s, path,
+        )  # fmt: skip
+        self.coordinator.record("checkpoint_saved", **entry)
+        return path
+
+    # -- after a stop ------------------------------------------------------------------------
+    def exit_code_after_stop(self, stop: CheckpointStop) -> int:
+        """Requeue in SLURM when that is right; returns the job's exit code."""
+        allocation = self.allocation
+        if not stop.progressed:
+            log.error(
+                "stopped at step %d, where this run resumed: no progress since the last run, so the "
+                "job does not requeue (a step plus a save may not fit the time left; give the job "
+                "more time or lower checkpoint.deadline_margin_s)", stop.step,
+            )  # fmt: skip
+            return EXIT_NO_PROGRESS
+        if allocation is None or not self.settings.requeue:
+            log.warning(
+                "saved step %d and stopped (%s); run the same command again to resume", stop.step, stop.reason
+            )
+            return EXIT_SAVED_AND_STOPPED
+        if not can_requeue():
+            log.warning("saved step %d; scontrol is not available, so the job does not requeue", stop.step)
+            return EXIT_SAVED_AND_STOPPED
+        timeout = stop.reason.startswith("allocation deadline") or allocation.timed_out()
+        counts = self._requeue_counts()
+        if timeout:
+            if counts["timeouts"] >= self.settings.max_requeues:
+                log.error(
+                    "saved step %d; the job timed out %d time(s) already (checkpoint.max_requeues = "
+                    "%d): not requeueing again", stop.step, counts["timeouts"], self.settings.max_requeues,
+                )  # fmt: skip
+                return EXIT_NO_PROGRESS
+            counts["timeouts"] += 1
+        else:
+            counts["preemptions"] += 1
+        self._write_requeue_counts(counts)
+        requeue(allocation.job_id)
+        log.warning(
+            "saved step %d and requeued SLURM job %s (%s; timeouts %d/%d, preemptions %d)",
+            stop.step, allocation.job_id, "timeout" if timeout else "preemption", counts["timeouts"],
+            self.settings.max_requeues, counts["preemptions"],
+        )  # fmt: skip
+        return EXIT_REQUEUED
+
+    def _requeue_counts(self) -> dict[str, int]:
+        assert self.store is not None
+        try:
+            return {
+                "timeouts": 0,
+                "preemptions": 0,
+                **json.loads((self.store.root / "requeues.json").read_text()),
+            }
+        except (OSError, json.JSONDecodeError):
+            return {"timeouts": 0, "preemptions": 0}
+
+    def _write_requeue_counts(self, counts: dict[str, int]) -> None:
+        assert self.store is not None
+        (self.store.root / "requeues.json").write_text(json.dumps(counts), encoding="utf-8")
+
+
+def checkpoints_of(coordinator: Any) -> CheckpointManager:
+    """The job's checkpoint manager (a disabled one when the flow runs outside `rlinf-hpc run`)."""
+    manager = getattr(coordinator, "checkpoints", None)
+    if manager is None:
+        manager = CheckpointManager(coordinator.config, None)
+        manager.enabled = False
+        manager.coordinator = coordinator
+        coordinator.checkpoints = manager
+    return manager

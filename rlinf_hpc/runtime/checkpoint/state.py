@@ -1,0 +1,125 @@
+"""State trees for checkpoints: tensors apart from structure, RNG states, host copies.
+
+A state is a tree of dicts (any JSON-scalar keys, e.g. an optimizer's integer parameter ids),
+lists, tuples, tensors, numpy arrays and JSON scalars. `flatten` splits it into a tensor table
+(for safetensors) and a JSON skeleton that names each tensor; `unflatten` puts it back with the
+same container and key types. Anything else is refused with its path, so nothing needs pickle.
+
+>>> import torch
+>>> tensors, skeleton = flatten({"step": 3, 1: (torch.ones(2), [0.5, None])})
+>>> sorted(tensors), skeleton["D"][1]
+(['t0'], [1, {'U': [{'T': 't0'}, {'L': [0.5, None]}]}])
+>>> state = unflatten(tensors, skeleton)
+>>> state["step"], type(state[1]).__name__, state[1][0].tolist()
+(3, 'tuple', [1.0, 1.0])
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import torch
+
+_SCALARS = (bool, int, float, str, type(None))
+
+
+def flatten(state: Any) -> tuple[dict[str, torch.Tensor], Any]:
+    """``(tensors, skeleton)``: every tensor (and ndarray) under its own key ``t<N>``."""
+    tensors: dict[str, torch.Tensor] = {}
+
+    def walk(node: Any, path: str) -> Any:
+        if isinstance(node, torch.Tensor):
+            key = f"t{len(tensors)}"
+            tensors[key] = node
+            return {"T": key}
+        if isinstance(node, np.ndarray):
+            key = f"t{len(tensors)}"
+            tensors[key] = torch.from_numpy(np.ascontiguousarray(node))
+            return {"A": key}
+        if isinstance(node, np.generic):
+            return walk(node.item(), path)
+        if isinstance(node, _SCALARS):
+            return node
+        if isinstance(node, dict):
+            pairs = []
+            for key, value in node.items():
+                if not isinstance(key, _SCALARS):
+                    raise TypeError(f"checkpoint state {path}: key {key!r} is not a JSON scalar")
+                pairs.append([key, walk(value, f"{path}[{key!r}]")])
+            return {"D": pairs}
+        if isinstance(node, (list, tuple)):
+            items = [walk(value, f"{path}[{i}]") for i, value in enumerate(node)]
+            return {"L": items} if isinstance(node, list) else {"U": items}
+        raise TypeError(
+            f"checkpoint state {path} is a {type(node).__module__}.{type(node).__qualname__}; a "
+            "state_dict() may hold only dicts, lists, tuples, tensors, numpy arrays and JSON "
+            "scalars (checkpoints never pickle)"
+        )
+
+    return tensors, walk(state, "state")
+
+
+def unflatten(tensors: dict[str, torch.Tensor], skeleton: Any) -> Any:
+    """The inverse of `flatten`."""
+    if isinstance(skeleton, dict):
+        ((kind, value),) = skeleton.items()
+        if kind == "T":
+            return tensors[value]
+        if kind == "A":
+            return tensors[value].numpy()
+        if kind == "D":
+            return {key: unflatten(tensors, item) for key, item in value}
+        items = [unflatten(tensors, item) for item in value]
+        return items if kind == "L" else tuple(items)
+    return skeleton
+
+
+def host_copy(state: Any) -> Any:
+    """A copy of ``state`` whose tensors are contiguous host-memory copies (the only part of an
+    async save that stalls training); containers are copied, scalars shared."""
+    if isinstance(state, torch.Tensor):
+        return state.detach().to("cpu", copy=True).contiguous()
+    if isinstance(state, np.ndarray):
+        return state.copy()
+    if isinstance(state, dict):
+        return {key: host_copy(value) for key, value in state.items()}
+    if isinstance(state, list):
+        return [host_copy(value) for value in state]
+    if isinstance(state, tuple):
+        return tuple(host_copy(value) for value in state)
+    return state
+
+
+def seed_process(seed: int, rank: int) -> None:
+    """Seed python's, numpy's and torch's global generators from (job seed, world rank), so
+    that whatever draws from them does so identically run to run (and a checkpoint of their
+    state means something)."""
+    derived = random.Random(f"{seed}:{rank}:process").getrandbits(32)
+    random.seed(derived)
+    np.random.seed(derived)
+    torch.manual_seed(derived)
+
+
+def capture_rng() -> dict[str, Any]:
+    """This process's random generators: python, numpy, torch CPU and every CUDA device."""
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = list(torch.cuda.get_rng_state_all())
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    """Put back what `capture_rng` took (after a round trip through `flatten`/`unflatten`)."""
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

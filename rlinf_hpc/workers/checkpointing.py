@@ -1,0 +1,75 @@
+"""The worker's half of a checkpoint: snapshot to host memory, write in the background, load.
+
+Each (component, group rank) writes one file pair ``COMPONENT-gN`` holding the worker's
+`Worker.state_dict` (only group rank 0 writes it when the state is replicated, as under data
+parallelism: then any number of ranks can load it) and the rank's runtime state: RNG states
+and the elastic micro-batch sizes. `save` returns once the host copy is taken; `poll` reports
+the files (name, size, sha256) once they are on disk, or raises what the writer raised.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rlinf_hpc.runtime.checkpoint import BackgroundWrite, capture_rng, host_copy, read_state, restore_rng
+
+if TYPE_CHECKING:
+    from rlinf_hpc.workers.base import Worker
+
+
+def file_name(component: str, group_rank: int) -> str:
+    return f"{component}-g{group_rank}"
+
+
+class WorkerCheckpointing:
+    """The checkpoint state machine of one worker."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self._pending: BackgroundWrite | None = None
+
+    def save(self, directory: str, asynchronous: bool) -> dict[str, Any]:
+        if self._pending is not None:
+            self._pending.done(wait=True)  # the coordinator polls before the next save
+        worker = self.worker
+        owns_state = worker.group_rank == 0 or not worker.replicated_state
+        state = {
+            "runtime": {"rng": capture_rng(), "stage_sizes": dict(worker.stage_sizes)},
+            "state": worker.state_dict() if owns_state else None,
+        }
+        name = file_name(worker.component, worker.group_rank)
+        self._pending = BackgroundWrite(Path(directory), name, host_copy(state), asynchronous)
+        return {"name": name, "replicated": worker.replicated_state}
+
+    def poll(self, wait: bool = False) -> list[dict[str, Any]] | None:
+        """The written files, None while writing; raises the writer's error."""
+        pending = self._pending
+        if pending is None:
+            return []
+        if not pending.done(wait):
+            return None
+        self._pending = None
+        if pending.error is not None:
+            raise pending.error
+        return pending.records
+
+    def load(self, directory: str) -> dict[str, Any]:
+        """Restore from the checkpoint in ``directory``. A rank the checkpoint has no file for
+        (the group grew) keeps fresh RNG states and takes the replicated state of rank 0."""
+        worker = self.worker
+        path = Path(directory)
+        first = file_name(worker.component, 0)
+        own = file_name(worker.component, worker.group_rank)
+        has_own = (path / f"{own}.json").is_file()
+        saved = read_state(path, own) if has_own else None
+        if saved is not None:
+            restore_rng(saved["runtime"]["rng"])
+            worker.stage_sizes = dict(saved["runtime"]["stage_sizes"])
+        if worker.replicated_state and own != first:
+            saved = read_state(path, first)
+        if saved is None:
+            raise FileNotFoundError(f"{path} has no state for {own} (its state is not replicated)")
+        if saved["state"] is not None:
+            worker.load_state_dict(saved["state"])
+        return {"rank": worker.rank, "restored_runtime": has_own}
