@@ -347,6 +347,35 @@ def grpo_digest_flow(coordinator: Coordinator) -> Any:
     return result
 
 
+def grpo_interrupt_flow(coordinator: Coordinator) -> Any:
+    """The math GRPO flow, interrupted once step ``flow.options.after_step`` finished:
+    ``interrupt = "usr2"`` sends SIGUSR2 to the coordinator (the SLURM signal's path: save at
+    that step boundary and stop); ``"kill"`` lets the next step start and then kills the
+    ``flow.options.victim`` component's rank 0 with SIGKILL (mid-step)."""
+    import signal
+    import threading
+
+    from rlinf_hpc.runners.math_grpo import math_grpo_flow
+    from rlinf_hpc.runtime.checkpoint.manager import checkpoints_of
+
+    options = coordinator.config.flow.options
+    after, how = int(options["after_step"]), options["interrupt"]
+    checkpoints = checkpoints_of(coordinator)
+    original = checkpoints.step_finished
+    victim = coordinator.group(options.get("victim", "actor")).call("describe").result()[0]["pid"]
+
+    def step_finished(step: int, *args: Any, **kwargs: Any) -> None:
+        first_run = checkpoints.resumed_step == 0
+        if first_run and step == after and how == "usr2":
+            os.kill(os.getpid(), signal.SIGUSR2)
+        original(step, *args, **kwargs)
+        if first_run and step == after and how == "kill":
+            threading.Timer(float(options.get("delay_s", 0.05)), os.kill, (victim, signal.SIGKILL)).start()
+
+    checkpoints.step_finished = step_finished  # type: ignore[method-assign]
+    return math_grpo_flow(coordinator)
+
+
 def _validate_grpo(config: Any) -> None:
     from rlinf_hpc.runners.math_grpo import validate
 
@@ -354,3 +383,4 @@ def _validate_grpo(config: Any) -> None:
 
 
 grpo_digest_flow.validate = _validate_grpo  # type: ignore[attr-defined]
+grpo_interrupt_flow.validate = _validate_grpo  # type: ignore[attr-defined]

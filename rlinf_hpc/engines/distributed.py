@@ -59,10 +59,17 @@ def broadcast_parameters(model: torch.nn.Module, root: int = 0) -> None:
 
 
 def wrap_data_parallel(model: torch.nn.Module, device: str) -> torch.nn.Module:
-    """DDP over the group's process group, or the model itself for a group of one."""
+    """DDP over the group's process group, or the model itself for a group of one.
+
+    ``find_unused_parameters=True`` is there for exact resumes, not for unused parameters: it
+    turns off DDP's one-time rebuild of its gradient buckets in the order of the first backward.
+    With the rebuild, the first step after a resume reduces gradients laid out differently
+    from an uninterrupted run (which rebuilt long before), and gloo's all-reduce over more
+    than two ranks then rounds differently. Cost: one autograd-graph traversal per backward
+    (and torch's one-time warning that no parameter was unused)."""
     if not dist.is_initialized():
         return model
     from torch.nn.parallel import DistributedDataParallel
 
     device_ids = [torch.device(device).index or 0] if device.startswith("cuda") else None
-    return DistributedDataParallel(model, device_ids=device_ids)
+    return DistributedDataParallel(model, device_ids=device_ids, find_unused_parameters=True)

@@ -15,6 +15,7 @@ coordinator calls its public methods by name. A minimal worker::
 from __future__ import annotations
 
 import logging
+import os
 import random
 import socket
 from collections.abc import Callable
@@ -144,7 +145,7 @@ class Worker:
 
     # -- built-in methods callable from the coordinator -----------------------------------------
     def describe(self) -> dict[str, Any]:
-        """Where this worker runs: world rank, group rank/size, host, device."""
+        """Where this worker runs: world rank, group rank/size, host, process id, device."""
         return {
             "component": self.component,
             "rank": self.rank,
@@ -152,6 +153,7 @@ class Worker:
             "group_size": self.group_size,
             "group_world_ranks": self.group.world_ranks,
             "hostname": socket.gethostname(),
+            "pid": os.getpid(),
             "device": self.device,
         }
 

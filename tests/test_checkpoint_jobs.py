@@ -1,0 +1,200 @@
+"""Checkpoint-restart of the math GRPO job end to end: a run interrupted (SIGKILL of a worker
+mid-step, SIGUSR2, at an epoch boundary of the data; disaggregated, collocated with a full
+switch, auto) and resumed ends bitwise equal to one never interrupted; bad checkpoints and
+directories are refused or skipped with a clear message."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import CONFIGS, rlinf
+from rlinf_hpc.errors import EXIT_SAVED_AND_STOPPED
+from rlinf_hpc.runtime.checkpoint import read_state
+from test_math_jobs import TINY
+
+STEPS = 6
+BASE = [
+    *[s for s in TINY if not s.startswith(("grpo.steps=", "flow.runner="))],
+    f"grpo.steps={STEPS}",
+    "checkpoint.every_steps=2",
+    "flow.runner=job_workers:grpo_interrupt_flow",
+]
+#: Record fields that measure time (or follow timing, like elastic sizes), not learning.
+TIMING = {"step_s", "tokens_per_s", "weight_sync_s", "phases_s", "switch_s", "bubble_fraction", "micro_batch"}
+
+SCENARIOS = {
+    "disaggregated": (5, []),
+    "collocated": (2, ["placement.mode=collocated", "placement.switch=full"]),
+    "auto": (5, ["placement.mode=auto", "placement.auto_warmup_steps=1"]),
+}
+
+
+def _job(run_dir: Path, np: int, sets: list[str], *extra: str) -> object:
+    args = ["run", str(CONFIGS / "math_grpo_tiny.toml"), "--np", str(np), "--run-dir", str(run_dir), *extra]
+    for item in sets:
+        args += ["--set", item]
+    return rlinf(*args, timeout=240)
+
+
+def _interrupt(how: str, after: int, victim: str = "actor") -> list[str]:
+    return [f'flow.options={{interrupt="{how}", after_step={after}, victim="{victim}"}}']
+
+
+def _final(run_dir: Path) -> Path:
+    return sorted((run_dir / "checkpoints").glob("step-*[0-9]"))[-1]
+
+
+def _assert_same_state(a: Path, b: Path) -> None:
+    """Every worker file of the two final checkpoints holds bitwise-equal tensors and values."""
+    names = sorted(p.stem for p in a.glob("*-g*.json"))
+    assert names and names == sorted(p.stem for p in b.glob("*-g*.json"))
+    for name in names:
+        _assert_equal(read_state(a, name), read_state(b, name), name)
+
+
+def _assert_equal(x: object, y: object, path: str) -> None:
+    if isinstance(x, torch.Tensor):
+        assert isinstance(y, torch.Tensor) and x.dtype == y.dtype and x.shape == y.shape, path
+        assert torch.equal(x.view(-1).view(torch.uint8), y.view(-1).view(torch.uint8)), f"{path} differs"
+    elif isinstance(x, dict):
+        assert isinstance(y, dict) and x.keys() == y.keys(), path
+        for key in x:
+            _assert_equal(x[key], y[key], f"{path}.{key}")
+    elif isinstance(x, (list, tuple)):
+        assert type(x) is type(y) and len(x) == len(y), path
+        for i, (p, q) in enumerate(zip(x, y, strict=True)):
+            _assert_equal(p, q, f"{path}[{i}]")
+    elif hasattr(x, "tobytes"):
+        assert x.tobytes() == y.tobytes(), f"{path} differs"  # type: ignore[attr-defined]
+    else:
+        assert x == y, f"{path}: {x!r} != {y!r}"
+
+
+def _metrics(run_dir: Path) -> list[dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items() if k not in TIMING} for line in lines]
+
+
+@pytest.fixture(scope="module")
+def references(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Uninterrupted runs, one per scenario (the interruption point is never reached)."""
+    out = {}
+    for name, (np, sets) in SCENARIOS.items():
+        run_dir = tmp_path_factory.mktemp(f"reference-{name}") / "run"
+        result = _job(run_dir, np, [*BASE, *sets, *_interrupt("none", 0)])
+        assert result.returncode == 0, result.output
+        out[name] = run_dir
+    return out
+
+
+@pytest.mark.parametrize(
+    ("scenario", "how", "after", "resumed_from"),
+    [
+        ("disaggregated", "kill", 3, 2),  # killed in step 4; step 2's save was committed at 3
+        ("disaggregated", "usr2", 3, 3),
+        ("collocated", "kill", 3, 2),
+        ("auto", "usr2", 3, 3),
+    ],
+)
+def test_interrupted_run_resumes_bitwise_equal(
+    tmp_path: Path, references: dict[str, Path], scenario: str, how: str, after: int, resumed_from: int
+) -> None:
+    np, sets = SCENARIOS[scenario]
+    run_dir = tmp_path / "run"
+    sets = [*BASE, *sets, *_interrupt(how, after)]
+    first = _job(run_dir, np, sets)
+    if how == "usr2":
+        assert first.returncode == EXIT_SAVED_AND_STOPPED, first.output
+        assert "saved step 3 and stopped (signal SIGUSR2)" in first.output
+        assert json.loads((run_dir / "summary.json").read_text())["outcome"] == "checkpointed"
+    else:
+        assert first.returncode != 0, first.output
+    assert len(_metrics(run_dir)) >= after  # the stopped run got at least that far
+    second = _job(run_dir, np, sets)
+    assert second.returncode == 0, second.output
+    assert f"(step {resumed_from}, saved for:" in second.output
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["resumed_from_step"] == resumed_from and summary["outcome"] == "ok"
+    if scenario == "auto":
+        assert "auto: warm-up step" not in second.output  # its decision came from the checkpoint
+    _assert_same_state(_final(references[scenario]), _final(run_dir))
+    assert _metrics(run_dir) == _metrics(references[scenario])  # no gaps, no duplicates
+
+
+def test_resume_at_an_epoch_boundary_of_the_data(tmp_path: Path) -> None:
+    """16 training problems, 8 per step: step 2 ends epoch 0; the resume starts epoch 1."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for split, count in (("train", 16), ("eval", 8)):
+        rows = [{"question": f"{i}+{i % 3}=", "answer": f"#### {i + i % 3}"} for i in range(count)]
+        (data / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    task = ["task.kind=jsonl", f"task.train_path={data / 'train.jsonl'}", f"task.eval_path={data / 'eval.jsonl'}"]
+    sets = [*BASE, *task, "grpo.steps=4"]
+    reference = _job(tmp_path / "reference", 5, [*sets, *_interrupt("none", 0)])
+    assert reference.returncode == 0, reference.output
+    run_dir = tmp_path / "run"
+    first = _job(run_dir, 5, [*sets, *_interrupt("usr2", 2)])
+    assert first.returncode == EXIT_SAVED_AND_STOPPED, first.output
+    second = _job(run_dir, 5, [*sets, *_interrupt("usr2", 2)])
+    assert second.returncode == 0 and "(step 2, saved for: signal SIGUSR2)" in second.output, second.output
+    _assert_same_state(_final(tmp_path / "reference"), _final(run_dir))
+    assert _metrics(run_dir) == _metrics(tmp_path / "reference")
+
+
+def test_bad_checkpoints_are_skipped_or_refused(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    sets = [*BASE, "grpo.steps=4", *_interrupt("none", 0)]
+    assert _job(run_dir, 5, sets).returncode == 0
+    root = run_dir / "checkpoints"
+    assert [p.name for p in sorted(root.glob("step-*"))] == ["step-00000002", "step-00000004"]
+    # corrupt the newest: auto skips it with a warning naming it, and resumes from step 2
+    actor = root / "step-00000004" / "actor-g0.safetensors"
+    blob = bytearray(actor.read_bytes())
+    blob[-1] ^= 0xFF
+    actor.write_bytes(bytes(blob))
+    (root / "step-00000006.tmp").mkdir()  # a save that never finished
+    resumed = _job(run_dir, 5, [*BASE, "grpo.steps=4", *_interrupt("none", 0)])
+    assert resumed.returncode == 0, resumed.output
+    assert "skipping checkpoint" in resumed.output and "step-00000004: actor-g0.safetensors does not match" in (
+        resumed.output
+    )
+    assert "(step 2, saved for: periodic)" in resumed.output
+    # an explicit PATH that is not a checkpoint: exit 2, one paragraph
+    for path, message in ((tmp_path, "holds no complete checkpoint"), (tmp_path / "nope", "does not exist")):
+        bad = _job(run_dir, 5, sets, "--resume", str(path))
+        assert bad.returncode == 2 and f"--resume {path} is not a usable checkpoint" in bad.output, bad.output
+        assert message in bad.output and "Traceback" not in bad.output
+    # a different config: refused, naming the keys; model keys refused even with --force-resume
+    changed = _job(run_dir, 5, [*sets, "grpo.lr=0.5"])
+    assert changed.returncode == 2 and "grpo.lr: 0.0001 -> 0.5" in changed.output, changed.output
+    forced = _job(run_dir, 5, [*sets, "grpo.lr=0.5"], "--force-resume")
+    assert forced.returncode == 0, forced.output
+    model = _job(run_dir, 5, [*sets, "model.hidden_size=64", "model.num_heads=4"], "--force-resume")
+    assert model.returncode == 2 and "model.hidden_size" in model.output and "cannot be loaded" in model.output
+
+
+def test_checkpoint_directory_problems_stop_the_job_at_start(tmp_path: Path) -> None:
+    sets = [*BASE, "grpo.steps=2", *_interrupt("none", 0)]
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    unwritable = _job(tmp_path / "run", 5, [*sets, f"checkpoint.dir={blocker / 'ckpt'}"])
+    assert unwritable.returncode == 2 and "cannot be written" in unwritable.output, unwritable.output
+    assert "warm start" not in unwritable.output
+    # a live job's lock: this test's own process stands in for the other job
+    root = tmp_path / "shared"
+    root.mkdir()
+    owner = {"job_id": None, "host": os.uname().nodename, "pid": os.getpid(), "since": 0}
+    (root / "LOCK").write_text(json.dumps(owner))
+    locked = _job(tmp_path / "run2", 5, [*sets, f"checkpoint.dir={root}"])
+    assert locked.returncode == 2 and f"pid {os.getpid()}" in locked.output, locked.output
+    # a lock left by a process that is gone is taken over
+    owner["pid"] = 2**22 + 12345
+    (root / "LOCK").write_text(json.dumps(owner))
+    taken = _job(tmp_path / "run3", 5, [*sets, f"checkpoint.dir={root}"])
+    assert taken.returncode == 0, taken.output
+    assert not (root / "LOCK").exists()  # released at the end
