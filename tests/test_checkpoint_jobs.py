@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -188,7 +189,7 @@ def test_checkpoint_directory_problems_stop_the_job_at_start(tmp_path: Path) -> 
     # a live job's lock: this test's own process stands in for the other job
     root = tmp_path / "shared"
     root.mkdir()
-    owner = {"job_id": None, "host": os.uname().nodename, "pid": os.getpid(), "since": 0}
+    owner = {"job_id": None, "host": os.uname().nodename, "pid": os.getpid(), "since": time.time()}
     (root / "LOCK").write_text(json.dumps(owner))
     locked = _job(tmp_path / "run2", 5, [*sets, f"checkpoint.dir={root}"])
     assert locked.returncode == 2 and f"pid {os.getpid()}" in locked.output, locked.output
