@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_math_jobs import TINY
 
-from conftest import CONFIGS, rlinf
 from rlinf_hpc.errors import EXIT_SAVED_AND_STOPPED
 from rlinf_hpc.runtime.checkpoint import read_state
-from test_math_jobs import TINY
+
+from conftest import CONFIGS, rlinf
 
 STEPS = 6
 BASE = [
@@ -134,7 +135,11 @@ def test_resume_at_an_epoch_boundary_of_the_data(tmp_path: Path) -> None:
     for split, count in (("train", 16), ("eval", 8)):
         rows = [{"question": f"{i}+{i % 3}=", "answer": f"#### {i + i % 3}"} for i in range(count)]
         (data / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    task = ["task.kind=jsonl", f"task.train_path={data / 'train.jsonl'}", f"task.eval_path={data / 'eval.jsonl'}"]
+    task = [
+        "task.kind=jsonl",
+        f"task.train_path={data / 'train.jsonl'}",
+        f"task.eval_path={data / 'eval.jsonl'}",
+    ]
     sets = [*BASE, *task, "grpo.steps=4"]
     reference = _job(tmp_path / "reference", 5, [*sets, *_interrupt("none", 0)])
     assert reference.returncode == 0, reference.output
@@ -161,8 +166,9 @@ def test_bad_checkpoints_are_skipped_or_refused(tmp_path: Path) -> None:
     (root / "step-00000006.tmp").mkdir()  # a save that never finished
     resumed = _job(run_dir, 5, [*BASE, "grpo.steps=4", *_interrupt("none", 0)])
     assert resumed.returncode == 0, resumed.output
-    assert "skipping checkpoint" in resumed.output and "step-00000004: actor-g0.safetensors does not match" in (
-        resumed.output
+    assert (
+        "skipping checkpoint" in resumed.output
+        and "step-00000004: actor-g0.safetensors does not match" in (resumed.output)
     )
     assert "(step 2, saved for: periodic)" in resumed.output
     # an explicit PATH that is not a checkpoint: exit 2, one paragraph
@@ -176,7 +182,9 @@ def test_bad_checkpoints_are_skipped_or_refused(tmp_path: Path) -> None:
     forced = _job(run_dir, 5, [*sets, "grpo.lr=0.5"], "--force-resume")
     assert forced.returncode == 0, forced.output
     model = _job(run_dir, 5, [*sets, "model.hidden_size=64", "model.num_heads=4"], "--force-resume")
-    assert model.returncode == 2 and "model.hidden_size" in model.output and "cannot be loaded" in model.output
+    assert (
+        model.returncode == 2 and "model.hidden_size" in model.output and "cannot be loaded" in model.output
+    )
 
 
 def test_checkpoint_directory_problems_stop_the_job_at_start(tmp_path: Path) -> None:

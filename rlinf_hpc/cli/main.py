@@ -77,6 +77,27 @@ def _parser() -> argparse.ArgumentParser:
         "are refused even then)",
     )
 
+    submit = commands.add_parser(
+        "submit",
+        parents=[common],
+        help="write the batch script of a long job (signal, requeue, resume) and sbatch it",
+        description="Writes RUN_DIR/job.sbatch for CONFIG (tasks from the placement, GPUs from the "
+        "components, SIGUSR2 before the limit, --requeue, --open-mode=append), shows it and "
+        "submits it. Extra sbatch flags go after `--`.",
+    )
+    submit.add_argument("config", help="path of the TOML job config")
+    submit.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    submit.add_argument("--run-dir", help="run directory (default runs/JOB_NAME)")
+    submit.add_argument("--time", default="04:00:00", help="time limit (sbatch --time), default 04:00:00")
+    submit.add_argument("--partition", help="SLURM partition")
+    submit.add_argument("--nodes", type=_positive_int, default=1, help="nodes (default 1)")
+    submit.add_argument(
+        "--signal-seconds",
+        type=_positive_int,
+        help="SIGUSR2 this many seconds before the limit (default checkpoint.signal_seconds)",
+    )
+    submit.add_argument("--dry-run", action="store_true", help="write and show the script, do not submit")
+
     info = commands.add_parser(
         "info", parents=[common], help="print job environment, MPI, ranks, devices, NVML status"
     )
@@ -172,11 +193,23 @@ def _cmd_run(args: argparse.Namespace, argv: list[str]) -> int:
         num_ranks = args.np or environment.slurm_num_tasks or config.job.num_ranks
         _precheck_placement(args.config, args.overrides, num_ranks)
         launch_ranks(num_ranks, environment, argv)
+    from rlinf_hpc.cluster.allocation import run_deferred_requeue
     from rlinf_hpc.runners.job import JobRequest, run_job
 
-    return run_job(
+    code = run_job(
         JobRequest(args.config, tuple(args.overrides), args.run_dir, args.np, args.resume, args.force_resume)
     )
+    run_deferred_requeue()  # after a deadline save in SLURM: MPI is finalized first
+    return code
+
+
+def _cmd_submit(args: argparse.Namespace) -> int:
+    from rlinf_hpc.cli.submit import SubmitOptions, submit
+    from rlinf_hpc.config import load_config
+
+    seconds = args.signal_seconds or load_config(args.config, args.overrides).checkpoint.signal_seconds
+    options = SubmitOptions(args.time, args.partition, args.nodes, seconds, tuple(args.sbatch_flags))
+    return submit(args.config, args.overrides, args.run_dir, options, args.dry_run)
 
 
 def _cmd_info(args: argparse.Namespace, argv: list[str]) -> int:
@@ -195,11 +228,18 @@ def _cmd_info(args: argparse.Namespace, argv: list[str]) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``rlinf-hpc`` command; returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    sbatch_flags: list[str] = []
+    if argv[:1] == ["submit"] and "--" in argv:  # `submit CONFIG ... -- SBATCH FLAGS`
+        cut = argv.index("--")
+        argv, sbatch_flags = argv[:cut], argv[cut + 1 :]
     args = _parser().parse_args(argv)
+    args.sbatch_flags = sbatch_flags
     args.debug = getattr(args, "debug", False)
     try:
         if args.command == "run":
             return _cmd_run(args, argv)
+        if args.command == "submit":
+            return _cmd_submit(args)
         if args.command == "info":
             return _cmd_info(args, argv)
         if args.command == "trace":

@@ -3,8 +3,14 @@ the requeue itself. A checkpoint deadline is anchored here, not to process start
 launched late in an allocation has less time than its own uptime suggests).
 
 End time: ``SLURM_JOB_END_TIME`` where SLURM sets it (≥ 23.02), else ``scontrol show job``.
-Timeout vs preemption follows submitit's rule: a job that ran at least
-min(0.8 × limit, limit − 10 min) is taken to have timed out.
+Timeout vs preemption: a job that ran at least max(0.8 × limit, limit − 10 min) is taken to
+have timed out (submitit's idea; with max rather than min, so that on a short limit a
+preemption a minute in is not counted as a timeout).
+
+The requeue itself is deferred until this rank has finalized MPI (`run_deferred_requeue`):
+``scontrol requeue`` kills whatever still runs, and MPICH ranks killed mid-job leave shared-
+memory segments named after the job and step id, which the requeued run (same ids) would
+attach to and hang in.
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ class Allocation:
         if limit is None or self.start is None:
             return True  # unknown: count it, so a broken setup cannot requeue forever
         ran = (time.time() if now is None else now) - self.start
-        return ran >= min(0.8 * limit, limit - 600)
+        return ran >= max(0.8 * limit, limit - 600)
 
 
 _FIELD = re.compile(r"(\w+)=(\S*)")
@@ -103,6 +109,27 @@ def can_requeue() -> bool:
     return shutil.which("scontrol") is not None
 
 
-def requeue(job_id: str) -> None:
-    """``scontrol requeue JOB`` (SLURM then ends this run and starts the job again)."""
-    subprocess.run(["scontrol", "requeue", job_id], check=True, capture_output=True, text=True, timeout=60)
+_deferred: list[str] = []
+
+
+def requeue_after_exit(job_id: str) -> None:
+    """Ask for ``scontrol requeue JOB`` once this rank is done with MPI (see the module doc)."""
+    _deferred.append(job_id)
+
+
+def run_deferred_requeue() -> None:
+    """Finalize MPI and requeue, if a requeue was asked for; SLURM then ends this run (its
+    SIGTERM is ignored from here on) and starts the job again."""
+    if not _deferred:
+        return
+    import signal
+
+    from rlinf_hpc.comm import finalize
+
+    finalize()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
+    job_id = _deferred.pop()
+    result = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
+    if result.returncode != 0:
+        log.error("scontrol requeue %s failed: %s", job_id, result.stderr.strip())

@@ -9,7 +9,7 @@ from rlinf_hpc.comm.dataplane import DataPlane
 from rlinf_hpc.comm.directory import Address, ChannelSpec, Directory
 from rlinf_hpc.comm.groups import GroupComm, create_group_comm, live_group_comms
 from rlinf_hpc.comm.handles import WorkHandle, wait_all
-from rlinf_hpc.comm.mpi import abort, library_version, world_rank, world_size
+from rlinf_hpc.comm.mpi import abort, finalize, library_version, world_rank, world_size
 from rlinf_hpc.comm.sending import CommOptions
 from rlinf_hpc.comm.waiting import Backoff, poll_until
 
@@ -28,6 +28,7 @@ __all__ = [
     "GroupComm",
     "abort",
     "create_group_comm",
+    "finalize",
     "library_version",
     "live_group_comms",
     "poll_until",

@@ -42,3 +42,11 @@ def library_version() -> str:
 def abort(exit_code: int) -> None:
     """End every rank of the job now. Used when an orderly shutdown is impossible."""
     world().Abort(exit_code)
+
+
+def finalize() -> None:
+    """Finalize MPI now (once every message is done), e.g. before this job requeues itself:
+    ranks that exit normally leave no shared-memory segments behind for the next run."""
+    MPI = mpi()
+    if not MPI.Is_finalized():
+        MPI.Finalize()

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlinf_hpc.cluster.allocation import Allocation, can_requeue, requeue
+from rlinf_hpc.cluster.allocation import Allocation, can_requeue, requeue_after_exit
 from rlinf_hpc.config import Config
 from rlinf_hpc.errors import (
     EXIT_NO_PROGRESS,
@@ -428,9 +428,9 @@ class CheckpointManager:
         else:
             counts["preemptions"] += 1
         self._write_requeue_counts(counts)
-        requeue(allocation.job_id)
+        requeue_after_exit(allocation.job_id)
         log.warning(
-            "saved step %d and requeued SLURM job %s (%s; timeouts %d/%d, preemptions %d)",
+            "saved step %d; requeueing SLURM job %s (%s; timeouts %d/%d, preemptions %d)",
             stop.step, allocation.job_id, "timeout" if timeout else "preemption", counts["timeouts"],
             self.settings.max_requeues, counts["preemptions"],
         )  # fmt: skip

@@ -1,0 +1,157 @@
+"""Checkpoint pieces without ranks: state trees, files and manifests, the store's choices,
+the allocation clock, metrics continuation, and saving an offloaded (switched-out) module."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from rlinf_hpc.cluster.allocation import Allocation, read_allocation
+from rlinf_hpc.errors import UserError
+from rlinf_hpc.runtime.checkpoint import capture_rng, host_copy, read_state, restore_rng, write_state
+from rlinf_hpc.runtime.checkpoint.state import flatten
+from rlinf_hpc.runtime.checkpoint.store import CheckpointStore, config_differences, open_checkpoint
+from rlinf_hpc.runtime.metrics import MetricsLog
+from rlinf_hpc.scheduler.offload import ModuleSwitch, OffloadOptions
+
+
+def _trained() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.LayerNorm(8), torch.nn.Linear(8, 2))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.8, 0.95))
+    for _ in range(3):
+        optimizer.zero_grad()
+        model(torch.randn(5, 4)).square().sum().backward()
+        optimizer.step()
+    return model, optimizer
+
+
+def test_optimizer_and_model_state_round_trip_bitwise(tmp_path: Path) -> None:
+    model, optimizer = _trained()
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "note": "x", "n": 3}
+    records = write_state(tmp_path, "actor-g0", host_copy(state))
+    assert {r["name"] for r in records} == {"actor-g0.safetensors", "actor-g0.json"}
+    back = read_state(tmp_path, "actor-g0")
+    assert back["optimizer"]["param_groups"] == optimizer.state_dict()["param_groups"]  # tuples, ints
+    assert set(back["optimizer"]["state"]) == {0, 1, 2, 3, 4, 5}  # integer keys stay integers
+    fresh_model, fresh_optimizer = _trained()
+    fresh_optimizer.state.clear()
+    fresh_model.load_state_dict(back["model"])
+    fresh_optimizer.load_state_dict(back["optimizer"])
+    for a, b in zip(optimizer.state.values(), fresh_optimizer.state.values(), strict=True):
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    assert b"pickle" not in (tmp_path / "actor-g0.json").read_bytes()
+
+
+def test_state_trees_refuse_objects_with_their_path() -> None:
+    with pytest.raises(TypeError, match=r"state\['opt'\]\[0\] is a builtins.object"):
+        flatten({"opt": [object()]})
+    with pytest.raises(TypeError, match="is not a JSON scalar"):
+        flatten({("a", 1): 1})
+
+
+def test_rng_states_round_trip(tmp_path: Path) -> None:
+    random.seed(1), np.random.seed(2), torch.manual_seed(3)
+    write_state(tmp_path, "rng", host_copy(capture_rng()))
+    expected = (random.random(), np.random.rand(), torch.rand(1).item())
+    restore_rng(read_state(tmp_path, "rng"))
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected
+
+
+def _commit(store: CheckpointStore, step: int, config: dict | None = None) -> Path:
+    staging = store.staging(step)
+    records = write_state(staging, "w", {"x": torch.full((3,), float(step))})
+    files = {r["name"]: {"size": r["size"], "sha256": r["sha256"]} for r in records}
+    return store.commit(staging, {"step": step, "files": files, "config": config or {}})
+
+
+def test_store_keeps_the_newest_and_skips_corrupt_and_partial(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path, keep=2)
+    for step in (2, 4, 6):
+        _commit(store, step)
+    for thread in store._deleting:
+        thread.join()
+    assert [p.name for p in store.committed()] == ["step-00000004", "step-00000006"]
+    (tmp_path / "step-00000008.tmp").mkdir()  # crashed save: never chosen
+    assert store.newest_complete().step == 6
+    blob = tmp_path / "step-00000006" / "w.safetensors"
+    blob.write_bytes(blob.read_bytes()[:-1] + b"\x00")
+    assert store.newest_complete().step == 4
+    (tmp_path / "step-00000004" / "manifest.json").unlink()
+    assert store.newest_complete() is None
+    with pytest.raises(ValueError, match="no manifest.json"):
+        open_checkpoint(tmp_path / "step-00000004")
+
+
+def test_lock_refuses_a_live_owner_and_takes_over_a_requeued_or_dead_one(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path)
+    lock = tmp_path / "LOCK"
+    lock.write_text(
+        json.dumps({"job_id": "7", "host": os.uname().nodename, "pid": os.getppid(), "since": time.time()})
+    )
+    with pytest.raises(UserError, match=f"pid {os.getppid()}"):
+        store.acquire(job_id=None)
+    store.acquire(job_id="7")  # the same SLURM job, requeued: its earlier run is gone
+    assert json.loads(lock.read_text())["pid"] == os.getpid()
+    store.release()
+    assert not lock.exists()
+
+
+def test_config_differences_name_changed_and_fixed_keys() -> None:
+    saved = {"grpo": {"lr": 1e-4, "steps": 10}, "model": {"hidden_size": 32}, "checkpoint": {"keep": 2}}
+    current = {"grpo": {"lr": 1e-3, "steps": 20}, "model": {"hidden_size": 64}, "checkpoint": {"keep": 5}}
+    changed, fixed = config_differences(saved, current)
+    assert changed == ["grpo.lr", "model.hidden_size"] and fixed == ["model.hidden_size"]
+
+
+def test_allocation_clock_from_slurm_variables() -> None:
+    now = time.time()
+    env = {
+        "SLURM_JOB_ID": "42",
+        "SLURM_JOB_START_TIME": str(now - 3000),
+        "SLURM_JOB_END_TIME": str(now + 600),
+    }
+    allocation = read_allocation(env)
+    assert allocation is not None and allocation.job_id == "42"
+    assert 590 < allocation.seconds_left(now + 1) < 600 and allocation.limit_s == 3600
+    assert allocation.timed_out(now)  # ran 3000 s of 3600: >= limit - 10 min
+    assert not Allocation("1", now - 100, now + 3500).timed_out(now)  # preempted early
+    assert read_allocation({}) is None
+
+
+def test_metrics_continue_after_a_resume_without_gaps_or_duplicates(tmp_path: Path) -> None:
+    log = MetricsLog(tmp_path)
+    for step in range(1, 6):
+        log.write(step, {"step": step})
+    log.close()
+    with (tmp_path / "metrics.jsonl").open("a") as handle:
+        handle.write('{"step": 6, "cut')  # the killed run's last line, cut short
+    log = MetricsLog(tmp_path, resume_after=3)
+    log.write(4, {"step": 4})
+    log.close()
+    steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("mode", ["none", "byte_planes"])
+def test_offloaded_module_is_read_from_its_host_copy(mode: str) -> None:
+    model, optimizer = _trained()
+    expected = {k: v.clone() for k, v in model.state_dict().items()}
+    switch = ModuleSwitch(model, optimizer, OffloadOptions(mode=mode))
+    switch.offload()
+    assert next(model.parameters()).numel() == 0
+    with switch.host_view():
+        seen = host_copy(model.state_dict())
+        moments = host_copy(optimizer.state_dict())
+    assert next(model.parameters()).numel() == 0  # released again: nothing came back to stay
+    assert all(torch.equal(seen[k], expected[k]) for k in expected)
+    assert moments["state"][0]["exp_avg"].numel() > 0
+    switch.onload()
+    assert all(torch.equal(model.state_dict()[k], expected[k]) for k in expected)
