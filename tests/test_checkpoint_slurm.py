@@ -1,0 +1,72 @@
+"""Checkpoint-restart through the real local SLURM cluster: `rlinf-hpc submit` a long job,
+signal it the way ``--signal=B:USR2`` does before a time limit, watch it save, requeue itself,
+resume and finish with the same final state as a run that was never interrupted."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from test_checkpoint_jobs import _assert_same_state, _final, _metrics
+from test_math_jobs import TINY
+from test_slurm import _REASON
+
+from conftest import CONFIGS, job_env, rlinf, run_command
+
+pytestmark = [pytest.mark.slurm, *([pytest.mark.skip(reason=_REASON)] if _REASON else [])]
+
+SETS = [
+    *[s for s in TINY if not s.startswith(("grpo.steps=", "flow.runner="))],
+    "grpo.steps=120",
+    "checkpoint.every_steps=50",
+    "flow.runner=math_grpo",
+]
+
+
+def _job_field(job_id: str, name: str) -> str:
+    out = subprocess.run(
+        ["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, env=job_env(), timeout=20
+    ).stdout
+    match = re.search(rf"\b{name}=(\S+)", out)
+    return match.group(1) if match else ""
+
+
+def _wait_for(what: str, condition, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_signal_save_requeue_resume_ends_equal_to_an_uninterrupted_run(tmp_path: Path) -> None:
+    reference = tmp_path / "reference"
+    args = [item for s in SETS for item in ("--set", s)]
+    config = str(CONFIGS / "math_grpo_tiny.toml")
+    result = rlinf("run", config, "--np", "5", "--run-dir", str(reference), *args, timeout=240)
+    assert result.returncode == 0, result.output
+
+    run_dir = tmp_path / "long"
+    submitted = rlinf("submit", config, "--run-dir", str(run_dir), "--time", "00:20:00", *args, timeout=60)
+    assert submitted.returncode == 0, submitted.output
+    job_id = re.search(r"submitted job (\d+)", submitted.stdout).group(1)  # type: ignore[union-attr]
+    metrics = run_dir / "metrics.jsonl"
+    try:
+        _wait_for("10 steps", lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 10, 150)
+        signal = run_command(["scancel", "--batch", "--signal=USR2", job_id], timeout=30)
+        assert signal.returncode == 0, signal.output
+        _wait_for("the requeue", lambda: _job_field(job_id, "Restarts") == "1", 90)
+        # SLURM holds a requeued job for a while (BeginTime); as root the test lets it start now
+        run_command(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], timeout=30)
+        _wait_for("the job to finish", lambda: _job_field(job_id, "JobState") == "COMPLETED", 240)
+    finally:
+        run_command(["scancel", job_id], timeout=30)
+    log = (run_dir / f"slurm-{job_id}.out").read_text()
+    assert "(signal SIGUSR2)" in log and f"requeueing SLURM job {job_id} (preemption" in log, log
+    assert "restart 1" in log and "resumed from" in log and "job 'math-grpo-tiny' finished" in log, log
+    _assert_same_state(_final(reference), _final(run_dir))
+    assert _metrics(run_dir) == _metrics(reference)
