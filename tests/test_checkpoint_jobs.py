@@ -17,7 +17,7 @@ from test_math_jobs import TINY
 from rlinf_hpc.errors import EXIT_SAVED_AND_STOPPED
 from rlinf_hpc.runtime.checkpoint import read_state
 
-from conftest import CONFIGS, rlinf
+from conftest import CONFIGS, job_env, rlinf
 
 STEPS = 6
 BASE = [
@@ -207,3 +207,23 @@ def test_checkpoint_directory_problems_stop_the_job_at_start(tmp_path: Path) -> 
     taken = _job(tmp_path / "run3", 5, [*sets, f"checkpoint.dir={root}"])
     assert taken.returncode == 0, taken.output
     assert not (root / "LOCK").exists()  # released at the end
+
+
+def test_deadline_is_anchored_to_the_allocation_not_to_process_start(tmp_path: Path) -> None:
+    """An allocation that began an hour ago and ends in 20 s: the job saves and stops before
+    its end although the process has only just started (SLURM's clock from the environment;
+    Hydra forks the ranks locally as the job id is made up)."""
+    now = int(time.time())
+    clock = {"SLURM_JOB_START_TIME": str(now - 3600), "SLURM_JOB_END_TIME": str(now + 20)}
+    env = job_env({"SLURM_JOB_ID": "987654", "HYDRA_BOOTSTRAP": "fork", **clock})
+    sets = [*BASE, "grpo.steps=5000", "grpo.eval_every=1000", "checkpoint.deadline_margin_s=1",
+            "checkpoint.requeue=false", *_interrupt("none", 0)]  # fmt: skip
+    args = ["run", str(CONFIGS / "math_grpo_tiny.toml"), "--np", "5", "--run-dir", str(tmp_path / "run")]
+    result = rlinf(*args, *[x for s in sets for x in ("--set", s)], timeout=120, env=env)
+    assert result.returncode == EXIT_SAVED_AND_STOPPED, result.output
+    assert "(allocation deadline (" in result.output
+    stopped = json.loads((tmp_path / "run" / "summary.json").read_text())["flow_result"]["stopped_after_step"]
+    assert 0 < stopped < 5000
+    final = _final(tmp_path / "run")
+    assert final.name == f"step-{stopped:08d}"
+    assert json.loads((final / "manifest.json").read_text())["created"] < now + 20  # saved in time

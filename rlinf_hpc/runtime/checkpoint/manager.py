@@ -277,7 +277,7 @@ class CheckpointManager:
         if left is not None:
             needed = self._slowest_step + self._save_s + self.settings.deadline_margin_s
             if left <= needed:
-                return f"allocation deadline ({left:.0f} s left, next step + save need {needed:.0f} s)"
+                return f"allocation deadline ({left:.1f} s left; the next step and a save need {needed:.1f} s)"
         return None
 
     def _save(
