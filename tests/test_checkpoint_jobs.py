@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from test_math_jobs import TINY
 
 from rlinf_hpc.errors import EXIT_SAVED_AND_STOPPED
 from rlinf_hpc.runtime.checkpoint import read_state
+from rlinf_hpc.runtime.checkpoint.store import open_checkpoint
 
 from conftest import CONFIGS, job_env, rlinf
 
@@ -227,3 +229,34 @@ def test_deadline_is_anchored_to_the_allocation_not_to_process_start(tmp_path: P
     final = _final(tmp_path / "run")
     assert final.name == f"step-{stopped:08d}"
     assert json.loads((final / "manifest.json").read_text())["created"] < now + 20  # saved in time
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    """A 1 MB tmpfs: room for two checkpoints of the tiny job, not three (root only)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here ({done.stderr.decode().strip()})")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_full_disk_keeps_the_previous_checkpoint_and_says_so(tmp_path: Path, small_disk: Path) -> None:
+    sets = [
+        *BASE,
+        "grpo.steps=6",
+        f"checkpoint.dir={small_disk}",
+        "checkpoint.keep=2",
+        *_interrupt("none", 0),
+    ]
+    result = _job(tmp_path / "run", 5, sets)
+    assert "No space left on device" in result.output, result.output
+    assert "the newest complete checkpoint (" in result.output and "is intact" in result.output
+    assert result.returncode == 1  # the final save (step 6) did not fit: the job fails, naming it
+    assert "checkpoint of step 6 failed" in result.output
+    complete = sorted(p.name for p in small_disk.glob("step-*[0-9]"))
+    assert complete == ["step-00000002", "step-00000004"] and not list(small_disk.glob("step-*.tmp"))
+    for name in complete:  # what is there is whole
+        open_checkpoint(small_disk / name)
