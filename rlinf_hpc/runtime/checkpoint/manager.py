@@ -258,6 +258,7 @@ class CheckpointManager:
             return
         if self.settings.at_end and not (self.saved and self.saved[-1]["step"] == step):
             if self._pending is not None and self._pending.step == step:
+                self._pending.reason = "end"  # it is the final save now: its failure fails the job
                 self._finish_pending(wait=True)
             else:
                 self._save(step, "end", state, pipelines, wait=True)
