@@ -12,7 +12,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlinf_hpc.runtime.checkpoint import BackgroundWrite, capture_rng, host_copy, read_state, restore_rng
+from rlinf_hpc.runtime.checkpoint import (
+    BackgroundWrite,
+    capture_rng,
+    host_copy,
+    host_view,
+    read_state,
+    restore_rng,
+)
 
 if TYPE_CHECKING:
     from rlinf_hpc.workers.base import Worker
@@ -28,6 +35,8 @@ class WorkerCheckpointing:
     def __init__(self, worker: Worker) -> None:
         self.worker = worker
         self._pending: BackgroundWrite | None = None
+        #: Host buffers of the last async save, reused by the next (see `host_copy`).
+        self._buffers: dict[str, Any] = {}
 
     def save(self, directory: str, asynchronous: bool) -> dict[str, Any]:
         if self._pending is not None:
@@ -39,7 +48,8 @@ class WorkerCheckpointing:
             "state": worker.state_dict() if owns_state else None,
         }
         name = file_name(worker.component, worker.group_rank)
-        self._pending = BackgroundWrite(Path(directory), name, host_copy(state), asynchronous)
+        host = host_copy(state, self._buffers) if asynchronous else host_view(state)
+        self._pending = BackgroundWrite(Path(directory), name, host, asynchronous)
         return {"name": name, "replicated": worker.replicated_state}
 
     def poll(self, wait: bool = False) -> list[dict[str, Any]] | None:

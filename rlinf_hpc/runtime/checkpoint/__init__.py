@@ -12,6 +12,14 @@ A directory without ``manifest.json`` (``step-N.tmp/``) is a save in progress or
 """
 
 from rlinf_hpc.runtime.checkpoint.files import BackgroundWrite, read_state, write_state
-from rlinf_hpc.runtime.checkpoint.state import capture_rng, host_copy, restore_rng
+from rlinf_hpc.runtime.checkpoint.state import capture_rng, host_copy, host_view, restore_rng
 
-__all__ = ["BackgroundWrite", "capture_rng", "host_copy", "read_state", "restore_rng", "write_state"]
+__all__ = [
+    "BackgroundWrite",
+    "capture_rng",
+    "host_copy",
+    "host_view",
+    "read_state",
+    "restore_rng",
+    "write_state",
+]

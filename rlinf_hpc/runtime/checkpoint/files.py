@@ -1,22 +1,38 @@
 """Writing and reading one state file pair: ``NAME.safetensors`` (tensors) and ``NAME.json``
 (the skeleton), each fsynced, with its size and sha256 for the manifest. Reading never unpickles:
-safetensors holds raw tensors and JSON holds the rest."""
+safetensors holds raw tensors and JSON holds the rest.
+
+The safetensors file is written here rather than by `safetensors.torch.save_file`, which first
+serializes everything into one bytes object (a second copy of the state in memory, and a pass
+of its own) and cannot hash as it goes. The format is safetensors' own (8-byte header length,
+JSON header, raw little-endian data), read back with `safetensors.torch.load_file`.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import queue
+import struct
 import threading
 from pathlib import Path
 from typing import Any
 
-from safetensors.torch import load_file, save_file
+import torch
+from safetensors.torch import load_file
 
 from rlinf_hpc.runtime.checkpoint.state import flatten, unflatten
 
-#: Bytes read at a time when hashing.
+#: Bytes written and hashed at a time.
 _CHUNK = 8 << 20
+#: safetensors' names of torch dtypes.
+_DTYPES = {
+    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+    torch.bool: "BOOL", torch.uint16: "U16", torch.uint32: "U32", torch.uint64: "U64",
+    torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2",
+}  # fmt: skip
 
 
 def file_digest(path: Path) -> str:
@@ -32,28 +48,82 @@ def file_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+class _Hasher:
+    """sha256 of the chunks handed to `update`, computed by a thread while the caller writes
+    them (hashlib releases the GIL on large buffers): hashing costs no pass of its own."""
+
+    def __init__(self) -> None:
+        self._digest = hashlib.sha256()
+        self._queue: queue.SimpleQueue[memoryview | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="checkpoint-hash", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (chunk := self._queue.get()) is not None:
+            self._digest.update(chunk)
+
+    def update(self, chunk: memoryview) -> None:
+        self._queue.put(chunk)
+
+    def hexdigest(self) -> str:
+        self._queue.put(None)
+        self._thread.join()
+        return self._digest.hexdigest()
 
 
-def _record(path: Path) -> dict[str, Any]:
-    _fsync(path)
-    return {"name": path.name, "size": path.stat().st_size, "sha256": file_digest(path)}
+def _raw_bytes(tensor: torch.Tensor) -> memoryview:
+    flat = tensor.reshape(-1)
+    return memoryview(flat.view(torch.uint8).numpy()) if flat.numel() else memoryview(b"")
+
+
+def _write_safetensors(path: Path, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """Stream ``tensors`` from their own memory into ``path``, hashing as it goes; fsynced."""
+    header: dict[str, Any] = {}
+    offset = 0
+    for name, tensor in tensors.items():
+        if tensor.device.type != "cpu" or not tensor.is_contiguous():
+            raise ValueError(f"checkpoint tensor {name} must be a contiguous host tensor")
+        size = tensor.numel() * tensor.element_size()
+        header[name] = {
+            "dtype": _DTYPES[tensor.dtype],
+            "shape": list(tensor.shape),
+            "data_offsets": [offset, offset + size],
+        }
+        offset += size
+    header["__metadata__"] = {"format": "pt"}
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)
+    hasher = _Hasher()
+    with path.open("wb", buffering=0) as handle:
+        chunks = [memoryview(struct.pack("<Q", len(encoded))), memoryview(encoded)]
+        for tensor in tensors.values():
+            data = _raw_bytes(tensor)
+            chunks.extend(data[start : start + _CHUNK] for start in range(0, len(data), _CHUNK))
+        for chunk in chunks:
+            written = handle.write(chunk)
+            while written < len(chunk):  # a short write (signals, some file systems)
+                written += handle.write(chunk[written:])
+            hasher.update(chunk)
+        os.fsync(handle.fileno())
+    return {"name": path.name, "size": 8 + len(encoded) + offset, "sha256": hasher.hexdigest()}
+
+
+def _write_small(path: Path, data: bytes) -> dict[str, Any]:
+    with path.open("wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    return {"name": path.name, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
 def write_state(directory: Path, name: str, state: Any) -> list[dict[str, Any]]:
-    """Write ``state`` (host tensors: see `host_copy`) as ``directory/name.{safetensors,json}``;
-    returns the two files' ``{"name", "size", "sha256"}``."""
+    """Write ``state`` (host tensors: see `host_copy` / `host_view`) as
+    ``directory/name.{safetensors,json}``; returns the two files' ``{"name", "size", "sha256"}``."""
     tensors, skeleton = flatten(state)
-    tensor_file = directory / f"{name}.safetensors"
-    skeleton_file = directory / f"{name}.json"
-    save_file(tensors, str(tensor_file))
-    skeleton_file.write_text(json.dumps(skeleton), encoding="utf-8")
-    return [_record(tensor_file), _record(skeleton_file)]
+    return [
+        _write_safetensors(directory / f"{name}.safetensors", tensors),
+        _write_small(directory / f"{name}.json", json.dumps(skeleton).encode()),
+    ]
 
 
 def read_state(directory: Path, name: str, device: str = "cpu") -> Any:

@@ -278,7 +278,9 @@ class CheckpointManager:
         if left is not None:
             needed = self._slowest_step + self._save_s + self.settings.deadline_margin_s
             if left <= needed:
-                return f"allocation deadline ({left:.1f} s left; the next step and a save need {needed:.1f} s)"
+                return (
+                    f"allocation deadline ({left:.1f} s left; the next step and a save need {needed:.1f} s)"
+                )
         return None
 
     def _save(

@@ -76,19 +76,38 @@ def unflatten(tensors: dict[str, torch.Tensor], skeleton: Any) -> Any:
     return skeleton
 
 
-def host_copy(state: Any) -> Any:
+def host_copy(state: Any, pool: dict[str, torch.Tensor] | None = None, path: str = "") -> Any:
     """A copy of ``state`` whose tensors are contiguous host-memory copies (the only part of an
-    async save that stalls training); containers are copied, scalars shared."""
+    async save that stalls training); containers are copied, scalars shared. With ``pool``,
+    buffers of the same shape and dtype from the previous save are reused: copying into
+    memory that is already mapped is several times faster than into fresh pages."""
     if isinstance(state, torch.Tensor):
-        return state.detach().to("cpu", copy=True).contiguous()
+        if pool is None:
+            return state.detach().to("cpu", copy=True).contiguous()
+        buffer = pool.get(path)
+        if buffer is None or buffer.shape != state.shape or buffer.dtype != state.dtype:
+            buffer = pool[path] = torch.empty(state.shape, dtype=state.dtype)
+        return buffer.copy_(state.detach())
     if isinstance(state, np.ndarray):
         return state.copy()
     if isinstance(state, dict):
-        return {key: host_copy(value) for key, value in state.items()}
-    if isinstance(state, list):
-        return [host_copy(value) for value in state]
-    if isinstance(state, tuple):
-        return tuple(host_copy(value) for value in state)
+        return {key: host_copy(value, pool, f"{path}/{key}") for key, value in state.items()}
+    if isinstance(state, (list, tuple)):
+        items = [host_copy(value, pool, f"{path}/{i}") for i, value in enumerate(state)]
+        return items if isinstance(state, list) else tuple(items)
+    return state
+
+
+def host_view(state: Any) -> Any:
+    """``state`` with every tensor readable from host memory: CPU tensors as they are (a
+    synchronous save writes them before training goes on), device tensors copied."""
+    if isinstance(state, torch.Tensor):
+        return state.detach().to("cpu").contiguous()
+    if isinstance(state, dict):
+        return {key: host_view(value) for key, value in state.items()}
+    if isinstance(state, (list, tuple)):
+        items = [host_view(value) for value in state]
+        return items if isinstance(state, list) else tuple(items)
     return state
 
 
