@@ -260,3 +260,19 @@ def test_a_full_disk_keeps_the_previous_checkpoint_and_says_so(tmp_path: Path, s
     assert complete == ["step-00000002", "step-00000004"] and not list(small_disk.glob("step-*.tmp"))
     for name in complete:  # what is there is whole
         open_checkpoint(small_disk / name)
+
+
+def test_more_data_parallel_actor_ranks_load_the_replicated_state(tmp_path: Path) -> None:
+    """DDP state is replicated: a checkpoint of one actor rank resumes on two (with the
+    warning that the new rank's RNG starts fresh)."""
+    run_dir = tmp_path / "run"
+    sets = [*BASE, *_interrupt("none", 0)]
+    assert _job(run_dir, 5, [*sets, "grpo.steps=2"]).returncode == 0
+    wider = _job(run_dir, 6, [*sets, "grpo.steps=4", "components.actor.num_ranks=2"])
+    assert wider.returncode == 0, wider.output
+    assert (
+        "component 'actor' had 1 rank(s), now 2" in wider.output
+        and "(step 2, saved for: end)" in wider.output
+    )
+    manifest = json.loads((_final(run_dir) / "manifest.json").read_text())
+    assert manifest["step"] == 4 and manifest["components"]["actor"] == {"ranks": 2, "replicated": True}

@@ -155,3 +155,43 @@ def test_offloaded_module_is_read_from_its_host_copy(mode: str) -> None:
     assert moments["state"][0]["exp_avg"].numel() > 0
     switch.onload()
     assert all(torch.equal(model.state_dict()[k], expected[k]) for k in expected)
+
+
+def _stop_manager(tmp_path: Path, allocation: Allocation | None, **settings: object):
+    from rlinf_hpc.config import load_config
+    from rlinf_hpc.runtime.checkpoint.manager import CheckpointManager
+
+    from conftest import CONFIGS
+
+    sets = [f"checkpoint.{k}={v}" for k, v in settings.items()]
+    config = load_config(CONFIGS / "math_grpo_tiny.toml", [f"checkpoint.dir={tmp_path}", *sets])
+    return CheckpointManager(config, None, allocation=allocation)
+
+
+def test_requeue_decisions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlinf_hpc.errors import EXIT_NO_PROGRESS, EXIT_REQUEUED, EXIT_SAVED_AND_STOPPED, CheckpointStop
+    from rlinf_hpc.runtime.checkpoint import manager as module
+
+    asked: list[str] = []
+    monkeypatch.setattr(module, "requeue_after_exit", asked.append)
+    monkeypatch.setattr(module, "can_requeue", lambda: True)
+    now = time.time()
+    timeout = Allocation("9", now - 3500, now + 100)  # ran 3500 s of a 3600 s limit
+    preempted = Allocation("9", now - 60, now + 3540)
+
+    def stop(reason: str = "signal SIGUSR2", progressed: bool = True) -> CheckpointStop:
+        return CheckpointStop(reason, 5, "x", progressed)
+
+    manager = _stop_manager(tmp_path, timeout, max_requeues=2)
+    assert manager.exit_code_after_stop(stop(progressed=False)) == EXIT_NO_PROGRESS and not asked
+    assert manager.exit_code_after_stop(stop()) == EXIT_REQUEUED
+    assert manager.exit_code_after_stop(stop("allocation deadline (…)")) == EXIT_REQUEUED
+    assert manager.exit_code_after_stop(stop()) == EXIT_NO_PROGRESS  # third timeout > max 2
+    assert asked == ["9", "9"]
+    preempt = _stop_manager(tmp_path, preempted, max_requeues=2)
+    assert preempt.exit_code_after_stop(stop()) == EXIT_REQUEUED  # preemptions do not count
+    assert json.loads((tmp_path / "requeues.json").read_text()) == {"timeouts": 2, "preemptions": 1}
+    assert _stop_manager(tmp_path, None).exit_code_after_stop(stop()) == EXIT_SAVED_AND_STOPPED
+    assert _stop_manager(tmp_path, preempted, requeue="false").exit_code_after_stop(stop()) == 3
+    monkeypatch.setattr(module, "can_requeue", lambda: False)
+    assert _stop_manager(tmp_path, preempted).exit_code_after_stop(stop()) == EXIT_SAVED_AND_STOPPED

@@ -271,6 +271,18 @@ class Coordinator:
         self._busy[rank][call_id] = future
         return future
 
+    def calls_in_flight(self) -> list[str]:
+        """Worker commands sent and not answered yet (the coordinator's own background
+        directory updates excluded), after routing every reply that has arrived."""
+        while self.pump():
+            pass
+        return [
+            future.describe()
+            for calls in self._busy.values()
+            for call_id, future in calls.items()
+            if call_id not in self._background
+        ]
+
     def send_calls(
         self,
         component: str,

@@ -294,6 +294,12 @@ class CheckpointManager:
         assert self.store is not None
         self._finish_pending(wait=True)
         coordinator = self.coordinator
+        busy = coordinator.calls_in_flight()
+        if busy:  # then a channel may hold items, or a worker change its state while we save
+            raise RuntimeError(
+                f"checkpoint at step {step} while worker calls are in flight ({'; '.join(busy[:4])}): "
+                "save at a step boundary, after every call of the step has returned"
+            )
         started = time.monotonic()
         staging = self.store.staging(step)
         groups = {name: list(ranks) for name, ranks in coordinator.placement.groups.items()}

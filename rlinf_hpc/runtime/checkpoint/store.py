@@ -18,6 +18,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +33,12 @@ MANIFEST = "manifest.json"
 FORMAT = 1
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
-#: Config keys that may change between a run and its resume without harm.
+#: Config keys that may change between a run and its resume without harm (rank counts are
+#: checked against the checkpoint's world layout instead: replicated state loads on any).
 RESUMABLE_KEYS = (
     "checkpoint.", "job.log_level", "job.call_timeout_s", "job.shutdown_timeout_s", "job.num_ranks",
     "comm.verify", "grpo.steps", "grpo.eval_every", "grpo.tensorboard",
+    "components.*.num_ranks", "components.*.ranks",
 )  # fmt: skip
 #: Keys no resume may change, not even a forced one: the state would not fit or not mean the same.
 FIXED_KEYS = ("model.", "task.", "flow.runner", "grpo.train_backend", "grpo.group_size")
@@ -53,7 +56,7 @@ def flat_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def _matches(key: str, patterns: tuple[str, ...]) -> bool:
-    return any(key == p or (p.endswith(".") and key.startswith(p)) for p in patterns)
+    return any(key == p or (p.endswith(".") and key.startswith(p)) or fnmatchcase(key, p) for p in patterns)
 
 
 def config_hash(config: dict[str, Any]) -> str:
