@@ -5,6 +5,7 @@ directories are refused or skipped with a clear message."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -276,3 +277,27 @@ def test_more_data_parallel_actor_ranks_load_the_replicated_state(tmp_path: Path
     )
     manifest = json.loads((_final(run_dir) / "manifest.json").read_text())
     assert manifest["step"] == 4 and manifest["components"]["actor"] == {"ranks": 2, "replicated": True}
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("deepspeed") is None,
+    reason="DeepSpeed is not installed (DS_BUILD_OPS=0 pip install deepspeed)",
+)
+def test_deepspeed_zero2_actor_resumes_bitwise_equal_and_refuses_other_rank_counts(tmp_path: Path) -> None:
+    zero = [
+        "components.actor.num_ranks=2",
+        "grpo.train_backend=deepspeed",
+        "grpo.zero_stage=2",
+        "grpo.steps=4",
+    ]
+    reference = _job(tmp_path / "reference", 6, [*BASE, *zero, *_interrupt("none", 0)])
+    assert reference.returncode == 0, reference.output
+    run_dir = tmp_path / "run"
+    first = _job(run_dir, 6, [*BASE, *zero, *_interrupt("usr2", 2)])
+    assert first.returncode == EXIT_SAVED_AND_STOPPED, first.output
+    narrower = _job(run_dir, 5, [*BASE, *zero, *_interrupt("usr2", 2), "components.actor.num_ranks=1"])
+    assert narrower.returncode == 2, narrower.output
+    assert "per-rank state of component 'actor' for 2 rank(s); this job gives it 1" in narrower.output
+    second = _job(run_dir, 6, [*BASE, *zero, *_interrupt("usr2", 2)])
+    assert second.returncode == 0, second.output
+    _assert_same_state(_final(tmp_path / "reference"), _final(run_dir))  # both ZeRO partitions

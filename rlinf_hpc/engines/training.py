@@ -85,6 +85,34 @@ class Trainer:
             return
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr)
 
+    def optimizer_state_dict(self) -> dict[str, Any]:
+        """The optimizer's state for a checkpoint. DDP: AdamW's (the same on every rank).
+        DeepSpeed ZeRO-1/2: this rank's partition — the inner AdamW's state over the fp32
+        master partition and that partition itself (ZeRO's own state_dict holds a loss-scaler
+        object and fragment maps, which a checkpoint that never pickles cannot take)."""
+        if self.engine is None:
+            return self.optimizer.state_dict()
+        zero = self.optimizer
+        return {
+            "base": zero.optimizer.state_dict(),
+            "fp32_partitions": list(zero.single_partition_of_fp32_groups),
+            "loss_scale": float(getattr(zero.loss_scaler, "cur_scale", 1.0)),
+        }
+
+    def load_optimizer_state_dict(self, state: dict[str, Any]) -> None:
+        if self.engine is None:
+            self.optimizer.load_state_dict(state)
+            return
+        zero = self.optimizer
+        zero.optimizer.load_state_dict(state["base"])
+        with torch.no_grad():
+            for partition, saved in zip(
+                zero.single_partition_of_fp32_groups, state["fp32_partitions"], strict=True
+            ):
+                partition.copy_(saved)
+        if hasattr(zero.loss_scaler, "cur_scale"):
+            zero.loss_scaler.cur_scale = state["loss_scale"]
+
     def switch_state(self) -> Any:
         """What a full context switch moves: model and optimizer (DDP); the model only under
         DeepSpeed, whose ZeRO partitions stay where they are."""

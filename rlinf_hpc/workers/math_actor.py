@@ -55,13 +55,13 @@ class ActorWorker(PolicyWorker):
 
     def state_dict(self) -> dict[str, Any]:
         """The policy and the RL optimizer (Adam moments, step, learning rate)."""
-        return {"model": self.model.state_dict(), "optimizer": self.trainer.optimizer.state_dict()}
+        return {"model": self.model.state_dict(), "optimizer": self.trainer.optimizer_state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the RL optimizer as the warm start leaves it, then the saved state."""
         self._start_rl()
         self.model.load_state_dict(state["model"])
-        self.trainer.optimizer.load_state_dict(state["optimizer"])
+        self.trainer.load_optimizer_state_dict(state["optimizer"])
 
     def on_regroup(self) -> None:
         """The actor group changed (re-partition): rebuild data parallelism over the new group;
