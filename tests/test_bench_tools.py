@@ -115,3 +115,20 @@ def test_bench_collectives_writes_every_ratio(tmp_path: Path) -> None:
     assert set(data["ratios"]) == {"bcast64mb_vs_mpi", "alltoall_vs_mpi", "gather_vs_mpi"}
     assert all(value > 0 for value in data["ratios"].values())
     assert "broadcast of 64 MB to N ranks" in result.stdout
+
+
+def test_bench_checkpoint_writes_every_ratio(tmp_path: Path) -> None:
+    """Small sizes (the main-job part is skipped: it runs the main job four times)."""
+    out = tmp_path / "bench.json"
+    result = run_command(
+        [
+            *[str(BIN / "python"), str(REPO / "tools" / "bench_checkpoint.py")],
+            *["--mb", "64", "--repeats", "1", "--main-steps", "0", "--json", str(out)],
+        ],
+        timeout=240,
+    )
+    assert result.returncode in (0, 1), result.output  # 1 = a bound missed on a busy box
+    data = json.loads(out.read_text())
+    assert set(data["ratios"]) == {"save_vs_baseline", "async_stall_vs_sync"}
+    assert all(value > 0 for value in data["ratios"].values())
+    assert data["raw"]["ours_bytes"] >= data["raw"]["state_bytes"]
