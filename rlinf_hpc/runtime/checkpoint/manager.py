@@ -106,12 +106,11 @@ class CheckpointManager:
         """Before any worker starts: take the directory, find what to resume from and check
         it fits this config (`UserError` otherwise)."""
         if not self.enabled:
-            if self.settings.enabled:
-                log.info("checkpoints off: no --run-dir and no checkpoint.dir")
             if self.resume_mode not in ("auto", "never"):
                 raise UserError(
-                    f"--resume {self.resume_mode}: checkpoints are disabled for this run "
-                    "(checkpoint.enabled = false); enable them to resume."
+                    f"--resume {self.resume_mode}: checkpoints are off for this run (no --run-dir "
+                    "and no checkpoint.dir, or checkpoint.enabled = false); give a run directory "
+                    "and keep checkpoints enabled to resume."
                 )
             return
         assert self.store is not None
@@ -182,6 +181,8 @@ class CheckpointManager:
         """Load the checkpoint chosen at start into every worker and the pipelines; returns the
         flow's state, or None on a fresh start."""
         if self.target is None:
+            if not self.enabled and self.settings.enabled:  # said once, by flows that checkpoint
+                log.info("checkpoints off: no --run-dir and no checkpoint.dir")
             return None
         coordinator = self.coordinator
         checkpoint = self.target
