@@ -373,6 +373,18 @@ def grpo_interrupt_flow(coordinator: Coordinator) -> Any:
             threading.Timer(float(options.get("delay_s", 0.05)), os.kill, (victim, signal.SIGKILL)).start()
 
     checkpoints.step_finished = step_finished  # type: ignore[method-assign]
+    if options.get("force_auto") == "disaggregated":  # the tiny job would always stay collocated
+        import dataclasses
+
+        from rlinf_hpc.scheduler import autoplace
+
+        measured = autoplace.predict
+
+        def predict(*args: Any) -> Any:
+            prediction = measured(*args)
+            return dataclasses.replace(prediction, collocated=2 * prediction.disaggregated + 1.0)
+
+        autoplace.predict = predict  # type: ignore[assignment]
     return math_grpo_flow(coordinator)
 
 

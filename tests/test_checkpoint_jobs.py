@@ -301,3 +301,23 @@ def test_deepspeed_zero2_actor_resumes_bitwise_equal_and_refuses_other_rank_coun
     second = _job(run_dir, 6, [*BASE, *zero, *_interrupt("usr2", 2)])
     assert second.returncode == 0, second.output
     _assert_same_state(_final(tmp_path / "reference"), _final(run_dir))  # both ZeRO partitions
+
+
+def test_auto_resumed_after_it_split_the_ranks_takes_its_placement_back(tmp_path: Path) -> None:
+    """auto decided "disaggregated" (forced: the tiny job's phases favour collocated) and
+    repartitioned; the resume repartitions to the saved groups before loading, re-measures
+    nothing, and ends bitwise equal."""
+    np, sets = SCENARIOS["auto"]
+    option = 'flow.options={{interrupt="{}", after_step={}, force_auto="disaggregated"}}'
+    reference = _job(tmp_path / "reference", np, [*BASE, *sets, option.format("none", 0)])
+    assert reference.returncode == 0, reference.output
+    run_dir = tmp_path / "run"
+    first = _job(run_dir, np, [*BASE, *sets, option.format("usr2", 3)])
+    assert first.returncode == EXIT_SAVED_AND_STOPPED, first.output
+    second = _job(run_dir, np, [*BASE, *sets, option.format("usr2", 3)])
+    assert second.returncode == 0, second.output
+    assert "auto: warm-up step" not in second.output
+    placements = [m["placement"] for m in _metrics(run_dir)]
+    assert placements[0].startswith("auto:warm-up") and set(placements[1:]) == {"auto:disaggregated"}
+    _assert_same_state(_final(tmp_path / "reference"), _final(run_dir))
+    assert _metrics(run_dir) == _metrics(tmp_path / "reference")

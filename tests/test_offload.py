@@ -104,3 +104,26 @@ def test_switch_misuse_is_an_error() -> None:
         switch.offload()
     with pytest.raises(ValueError, match="offload mode must be"):
         OffloadOptions(mode="lz4")  # type: ignore[arg-type]
+
+
+def test_a_component_left_alone_on_its_rank_comes_back_from_the_host() -> None:
+    """After a re-partition moved its neighbour away, a switched-out component is the only one
+    on its rank: its next command must still switch it back in (it once kept empty weights)."""
+    from rlinf_hpc.runtime.timeline import Timeline
+    from rlinf_hpc.workers import Worker
+    from rlinf_hpc.workers.timeshare import DeviceTimeShare
+
+    class Holder(Worker):
+        def __init__(self) -> None:
+            self.model = torch.nn.Linear(4, 4)
+
+        def switch_state(self) -> torch.nn.Module:
+            return self.model
+
+    a, b = Holder(), Holder()
+    before = b.model.weight.detach().clone()
+    share = DeviceTimeShare(Timeline(1))
+    share.activate("a", {"a": a, "b": b}, "full", "none")  # b switched out
+    assert b.model.weight.numel() == 0
+    share.activate("b", {"b": b}, "full", "none")  # a left the rank
+    assert torch.equal(b.model.weight, before)

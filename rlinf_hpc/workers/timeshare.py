@@ -40,13 +40,15 @@ class DeviceTimeShare:
         self._offloaded.discard(component)
 
     def activate(self, component: str, workers: dict[str, Worker], mode: str, offload: str) -> float:
-        """Make ``component`` resident before it runs (no-op with one component or ``off``).
-        Returns the seconds the switch took."""
-        if len(workers) < 2 or mode == "off":
+        """Make ``component`` resident before it runs (no-op with one component or ``off``,
+        except that a component still switched out comes back: e.g. after a re-partition
+        left it alone on its rank). Returns the seconds the switch took."""
+        sharing = len(workers) >= 2 and mode != "off"
+        if not sharing and component not in self._offloaded:
             return 0.0
         start = time.time()
         moved, ratios = 0, []
-        for name, worker in workers.items():
+        for name, worker in workers.items() if sharing else ():
             if name == component or name in self._offloaded:
                 continue
             if mode == "light":
