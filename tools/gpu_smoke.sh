@@ -6,6 +6,8 @@
 #      when vLLM is installed, the vLLM rollout engine (tests/test_math_gpu.py);
 #   2. a tiny math GRPO job with every component on the GPU, collocated on 2 ranks (DDP over NCCL,
 #      full context switches through pinned host memory, weight sync on the device);
+#   2b. the same job resumed from its final checkpoint for 4 more steps (CUDA RNG states, device
+#      tensors saved through host copies, NCCL DDP after a resume);
 #   3. the communication benchmark (NCCL vs host paths) with one repetition.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -29,6 +31,10 @@ args=()
 for item in "${sets[@]}"; do args+=(--set "$item"); done
 timeout 600 .venv/bin/rlinf-hpc run configs/math_grpo_tiny.toml --np 3 --run-dir "$OUT/grpo" "${args[@]}" 2>&1 \
     | tail -n 40 | tee "$OUT/grpo.txt"
+
+echo "== 2b. the same job resumed from its checkpoint (14 steps in all)"
+timeout 600 .venv/bin/rlinf-hpc run configs/math_grpo_tiny.toml --np 3 --run-dir "$OUT/grpo" "${args[@]}" \
+    --set grpo.steps=14 2>&1 | grep -E "resumed|checkpoint|error|finished" | tee "$OUT/grpo-resume.txt"
 
 echo "== 3. communication benchmark"
 timeout 300 .venv/bin/python tools/bench_comm.py --repeats 1 --json "$OUT/bench_comm.json" 2>&1 | tail -n 30 \
