@@ -62,7 +62,7 @@ def run_mode(mode: str, steps: int, np: int, cache: Path, out: Path, extra: list
     run_dir = out / mode
     command = [
         str(Path(sys.executable).parent / "rlinf-hpc"), "run", str(REPO / "configs" / "math_grpo_tiny.toml"),
-        "--np", str(np), "--run-dir", str(run_dir),
+        "--np", str(np), "--run-dir", str(run_dir), "--resume", "never",
         "--set", f"grpo.steps={steps}", "--set", f"grpo.eval_every={steps}",
         "--set", f"sft.cache_dir={cache}", "--set", "sft.steps=60", "--set", "sft.stop_at_accuracy=1.0",
     ]  # fmt: skip

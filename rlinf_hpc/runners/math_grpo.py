@@ -125,6 +125,11 @@ def math_grpo_flow(coordinator: Coordinator) -> dict[str, Any]:
         evals = [tuple(e) for e in resumed["evals"]]
         first_step = resumed["step"]
         start_accuracy = evals[0][1]
+        if first_step >= grpo.steps:
+            log.info(
+                "the checkpoint is at step %d of %d: nothing left to train (raise grpo.steps to go "
+                "on, or --resume never to start afresh)", first_step, grpo.steps,
+            )  # fmt: skip
     metrics = MetricsLog(run_dir, grpo.tensorboard, resume_after=first_step if resumed else None)
     started = time.monotonic()
 

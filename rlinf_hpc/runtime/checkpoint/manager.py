@@ -257,7 +257,10 @@ class CheckpointManager:
         """After the last step: the final save (``at_end``), committed before returning."""
         if not self.enabled:
             return
-        if self.settings.at_end and not (self.saved and self.saved[-1]["step"] == step):
+        already = (self.saved and self.saved[-1]["step"] == step) or (
+            self.target and self.resumed_step == step
+        )
+        if self.settings.at_end and not already:
             if self._pending is not None and self._pending.step == step:
                 self._pending.reason = "end"  # it is the final save now: its failure fails the job
                 self._finish_pending(wait=True)
