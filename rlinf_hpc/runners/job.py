@@ -107,7 +107,7 @@ def _coordinate(
         run_dir,
         request.resume,
         request.force_resume,
-        read_allocation() if environment.in_slurm_allocation else None,
+        read_allocation(),  # None outside SLURM
     )
     checkpoints.coordinator = coordinator
     coordinator.checkpoints = checkpoints

@@ -123,7 +123,7 @@ def math_grpo_flow(coordinator: Coordinator) -> dict[str, Any]:
         sync_weights(coordinator)  # rollout and inference take the restored actor's weights
         warm, history, rl_before = resumed["warm_start"], resumed["history"], resumed["rl_seconds"]
         evals = [tuple(e) for e in resumed["evals"]]
-        first_step = resumed["step"]
+        first_step = len(history)  # steps finished (the history has one record per step)
         start_accuracy = evals[0][1]
         if first_step >= grpo.steps:
             log.info(
@@ -135,7 +135,6 @@ def math_grpo_flow(coordinator: Coordinator) -> dict[str, Any]:
 
     def flow_state() -> dict[str, Any]:
         return {
-            "step": len(history),
             "history": history,
             "evals": [list(e) for e in evals],
             "warm_start": warm,

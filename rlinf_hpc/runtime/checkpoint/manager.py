@@ -257,10 +257,9 @@ class CheckpointManager:
         """After the last step: the final save (``at_end``), committed before returning."""
         if not self.enabled:
             return
-        already = (self.saved and self.saved[-1]["step"] == step) or (
-            self.target and self.resumed_step == step
-        )
-        if self.settings.at_end and not already:
+        saved_last = bool(self.saved) and self.saved[-1]["step"] == step
+        resumed_at_end = self.target is not None and self.resumed_step == step
+        if self.settings.at_end and not (saved_last or resumed_at_end):
             if self._pending is not None and self._pending.step == step:
                 self._pending.reason = "end"  # it is the final save now: its failure fails the job
                 self._finish_pending(wait=True)
@@ -269,7 +268,8 @@ class CheckpointManager:
         self._finish_pending(wait=True)
 
     def close(self) -> None:
-        """The job ends: wait for a save in flight only if the job ended well (see finish)."""
+        """The job ends (however it ends): release the directory's lock. A save still in flight
+        stays a ``step-N.tmp`` that the next run skips; `finish` is what waits for the last one."""
         if self.store is not None and self.enabled:
             self.store.release()
 
@@ -314,7 +314,6 @@ class CheckpointManager:
         }
         own = host_copy(
             {
-                "step": step,
                 "flow": state(),
                 "pipelines": [p.state_dict() for p in pipelines],
                 "rng": capture_rng(),
