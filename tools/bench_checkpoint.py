@@ -38,14 +38,6 @@ REQUIRED = {  # ratio name -> (comparison, bound)
 MB = 1 << 20
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _median_time(fn, repeats: int) -> float:
     times = []
     for _ in range(repeats):
@@ -60,7 +52,7 @@ def bench_files(mb: int, repeats: int, where: Path) -> dict[str, float]:
     from safetensors.torch import save_file
 
     from rlinf_hpc.runtime.checkpoint import host_copy, host_view, read_state, write_state
-    from rlinf_hpc.runtime.checkpoint.files import file_digest
+    from rlinf_hpc.runtime.checkpoint.files import file_digest, fsync_path
 
     torch.manual_seed(0)
     state = {f"layer{i}.weight": torch.randn(4096, 4096) for i in range(max(1, mb // 64))}
@@ -70,12 +62,12 @@ def bench_files(mb: int, repeats: int, where: Path) -> dict[str, float]:
     def torch_save() -> None:
         path = where / "baseline.pt"
         torch.save(state, path)
-        _fsync(path)
+        fsync_path(path)
 
     def safetensors_save() -> None:
         path = where / "baseline.safetensors"
         save_file(state, str(path))
-        _fsync(path)
+        fsync_path(path)
 
     records: list = []
 

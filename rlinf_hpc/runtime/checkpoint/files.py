@@ -108,7 +108,17 @@ def _write_safetensors(path: Path, tensors: dict[str, torch.Tensor]) -> dict[str
     return {"name": path.name, "size": 8 + len(encoded) + offset, "sha256": hasher.hexdigest()}
 
 
-def _write_small(path: Path, data: bytes) -> dict[str, Any]:
+def fsync_path(path: Path) -> None:
+    """fsync a file or a directory (a rename is durable once its directory is synced)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_durable(path: Path, data: bytes) -> dict[str, Any]:
+    """Write ``data`` to ``path`` and fsync it; returns its ``{"name", "size", "sha256"}``."""
     with path.open("wb") as handle:
         handle.write(data)
         handle.flush()
@@ -122,7 +132,7 @@ def write_state(directory: Path, name: str, state: Any) -> list[dict[str, Any]]:
     tensors, skeleton = flatten(state)
     return [
         _write_safetensors(directory / f"{name}.safetensors", tensors),
-        _write_small(directory / f"{name}.json", json.dumps(skeleton).encode()),
+        write_durable(directory / f"{name}.json", json.dumps(skeleton).encode()),
     ]
 
 

@@ -25,7 +25,7 @@ from typing import Any
 from rlinf_hpc import __version__
 from rlinf_hpc.errors import UserError
 from rlinf_hpc.log import get_logger
-from rlinf_hpc.runtime.checkpoint.files import file_digest
+from rlinf_hpc.runtime.checkpoint.files import file_digest, fsync_path, write_durable
 
 log = get_logger("checkpoint")
 
@@ -192,18 +192,12 @@ class CheckpointStore:
         """Write the manifest and rename ``step-N.tmp`` to ``step-N``; then delete old ones in
         the background (never the newest complete one)."""
         manifest = {"format": FORMAT, "package_version": __version__, "created": time.time(), **manifest}
-        file = staging / MANIFEST
-        file.write_text(json.dumps(manifest, indent=1, default=str), encoding="utf-8")
-        fd = os.open(file, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        write_durable(staging / MANIFEST, json.dumps(manifest, indent=1, default=str).encode())
         final = staging.with_name(staging.name.removesuffix(".tmp"))
         if final.exists():
             shutil.rmtree(final)
         staging.rename(final)
-        _fsync_dir(self.root)
+        fsync_path(self.root)
         self._prune()
         return final
 
@@ -212,7 +206,7 @@ class CheckpointStore:
 
     def _prune(self) -> None:
         committed = self.committed()
-        old = [path for path in committed[: -self.keep]]
+        old = committed[: -self.keep]
         if not old:
             return
         thread = threading.Thread(
@@ -279,11 +273,3 @@ def _pid_started_before(pid: int, since: Any) -> bool:
         return psutil.Process(pid).create_time() <= float(since) + 1.0
     except Exception:  # noqa: BLE001 - unknown: assume it is the owner
         return True
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
