@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from rlinf_hpc.runtime.checkpoint import (
     BackgroundWrite,
     capture_rng,
+    file_name,
     host_copy,
     host_view,
     read_state,
@@ -23,10 +24,6 @@ from rlinf_hpc.runtime.checkpoint import (
 
 if TYPE_CHECKING:
     from rlinf_hpc.workers.base import Worker
-
-
-def file_name(component: str, group_rank: int) -> str:
-    return f"{component}-g{group_rank}"
 
 
 class WorkerCheckpointing:

@@ -26,8 +26,9 @@ log = get_logger("service")
 _REQUEST_TIMEOUT_S = 600.0
 
 
-#: Built-in methods that run without switching their component in (checkpoint saves).
-_IN_PLACE_METHODS = frozenset({"checkpoint_save", "checkpoint_poll"})
+#: Built-in methods that run without switching their component in (checkpoint saves), and
+#: whether they read the component's state (then a switched-out one is read off its host copy).
+_IN_PLACE_METHODS = {"checkpoint_save": True, "checkpoint_poll": False}
 
 
 def resolve_worker_class(path: str) -> type[Worker]:
@@ -118,7 +119,9 @@ class WorkerService:
             raise AttributeError(
                 f"{type(worker).__name__} (component '{command.component}') has no method '{command.method}'"
             )
-        if command.method in _IN_PLACE_METHODS:  # a switched-out component is read off the host
+        if command.method in _IN_PLACE_METHODS:
+            if not _IN_PLACE_METHODS[command.method]:
+                return method(*command.args, **command.kwargs)
             with self.timeshare.host_view(command.component):
                 return method(*command.args, **command.kwargs)
         mode, offload = self._switch_settings.get(command.component, ("off", "none"))

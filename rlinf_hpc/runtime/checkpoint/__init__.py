@@ -11,12 +11,13 @@ Layout of one checkpoint (``CHECKPOINT_DIR/step-00000040/``)::
 A directory without ``manifest.json`` (``step-N.tmp/``) is a save in progress or a crashed one.
 """
 
-from rlinf_hpc.runtime.checkpoint.files import BackgroundWrite, read_state, write_state
+from rlinf_hpc.runtime.checkpoint.files import BackgroundWrite, file_name, read_state, write_state
 from rlinf_hpc.runtime.checkpoint.state import capture_rng, host_copy, host_view, restore_rng
 
 __all__ = [
     "BackgroundWrite",
     "capture_rng",
+    "file_name",
     "host_copy",
     "host_view",
     "read_state",

@@ -35,6 +35,11 @@ _DTYPES = {
 }  # fmt: skip
 
 
+def file_name(component: str, group_rank: int) -> str:
+    """The stem of one worker's file pair in a checkpoint (``actor-g0``)."""
+    return f"{component}-g{group_rank}"
+
+
 def file_digest(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb", buffering=0) as handle:

@@ -38,7 +38,7 @@ from rlinf_hpc.errors import (
     WorkerError,
 )
 from rlinf_hpc.log import get_logger
-from rlinf_hpc.runtime.checkpoint.files import BackgroundWrite, read_state
+from rlinf_hpc.runtime.checkpoint.files import BackgroundWrite, file_name, read_state
 from rlinf_hpc.runtime.checkpoint.state import capture_rng, host_copy, restore_rng
 from rlinf_hpc.runtime.checkpoint.store import (
     Checkpoint,
@@ -341,15 +341,18 @@ class CheckpointManager:
         if pending is None:
             return None
         try:
-            for name in sorted(pending.waiting):
-                replies = self.coordinator.group(name).call("checkpoint_poll", wait).result()
-                if any(r is None for r in replies) and not wait:
-                    return None
-                for records in replies:
+            polls = {
+                name: self.coordinator.group(name).call("checkpoint_poll", wait)
+                for name in sorted(pending.waiting)
+            }  # every group at once: one round trip, not one per group
+            for name, poll in polls.items():
+                replies = poll.result()
+                for records in replies:  # a rank reports its files once: keep them at once
                     for record in records or []:
                         pending.files[record["name"]] = record
-                pending.waiting.discard(name)
-            if not pending.coordinator_write.done(wait):
+                if all(r is not None for r in replies):
+                    pending.waiting.discard(name)
+            if pending.waiting or not pending.coordinator_write.done(wait):
                 return None
             if pending.coordinator_write.error is not None:
                 raise pending.coordinator_write.error
@@ -372,6 +375,16 @@ class CheckpointManager:
 
     def _commit(self, pending: _Pending) -> Path:
         assert self.store is not None
+        expected = {f"{COORDINATOR_FILE}.{ext}" for ext in ("json", "safetensors")} | {
+            f"{file_name(name, g)}.{ext}"
+            for name, ranks in pending.groups.items()
+            for g in range(len(ranks))
+            for ext in ("json", "safetensors")
+        }
+        if expected - pending.files.keys():  # a manifest must vouch for every file of the save
+            raise RuntimeError(
+                f"checkpoint of step {pending.step}: no record of {sorted(expected - pending.files.keys())}"
+            )
         config = self.config.model_dump(mode="json")
         manifest = {
             "step": pending.step,
