@@ -170,7 +170,7 @@ def _stop_manager(tmp_path: Path, allocation: Allocation | None, **settings: obj
 
 def test_requeue_decisions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from rlinf_hpc.errors import EXIT_NO_PROGRESS, EXIT_REQUEUED, EXIT_SAVED_AND_STOPPED, CheckpointStop
-    from rlinf_hpc.runtime.checkpoint import manager as module
+    from rlinf_hpc.runtime.checkpoint import requeue as module
 
     asked: list[str] = []
     monkeypatch.setattr(module, "requeue_after_exit", asked.append)

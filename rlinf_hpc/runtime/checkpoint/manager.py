@@ -19,7 +19,6 @@ commit (manifest + rename) happens at a later step boundary once every rank has 
 
 from __future__ import annotations
 
-import json
 import socket
 import time
 from collections.abc import Callable, Sequence
@@ -27,26 +26,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlinf_hpc.cluster.allocation import Allocation, can_requeue, requeue_after_exit
+from rlinf_hpc.cluster.allocation import Allocation, can_requeue
 from rlinf_hpc.config import Config
 from rlinf_hpc.errors import (
-    EXIT_NO_PROGRESS,
-    EXIT_REQUEUED,
-    EXIT_SAVED_AND_STOPPED,
     CheckpointStop,
     UserError,
     WorkerError,
 )
 from rlinf_hpc.log import get_logger
 from rlinf_hpc.runtime.checkpoint.files import BackgroundWrite, file_name, read_state
+from rlinf_hpc.runtime.checkpoint.requeue import exit_code_after_stop
+from rlinf_hpc.runtime.checkpoint.resume import check_fits, find_resume_target
 from rlinf_hpc.runtime.checkpoint.state import capture_rng, host_copy, restore_rng
 from rlinf_hpc.runtime.checkpoint.store import (
     Checkpoint,
     CheckpointStore,
-    config_differences,
     config_hash,
-    describe_differences,
-    open_checkpoint,
 )
 from rlinf_hpc.runtime.signals import stop_requested
 
@@ -121,60 +116,9 @@ class CheckpointManager:
                 "cannot requeue itself; chain jobs with `sbatch --dependency=singleton` instead "
                 "(README, Long jobs)", self.allocation.job_id,
             )  # fmt: skip
-        self.target = self._find_target()
+        self.target = find_resume_target(self.store, self.resume_mode)
         if self.target is not None:
-            self._check_fits(self.target)
-
-    def _find_target(self) -> Checkpoint | None:
-        assert self.store is not None
-        mode = self.resume_mode
-        if mode == "never":
-            if self.store.has_any():
-                aside = self.store.root / f"previous-{time.strftime('%Y%m%d-%H%M%S')}"
-                aside.mkdir()
-                for path in [*self.store.committed(), *self.store.root.glob("step-*.tmp")]:
-                    path.rename(aside / path.name)
-                log.warning("--resume never: earlier checkpoints moved to %s", aside)
-            return None
-        if mode == "auto":
-            found = self.store.newest_complete()
-            if found is None and self.store.has_any():
-                log.warning("no complete checkpoint in %s: starting from the beginning", self.store.root)
-            return found
-        path = Path(mode).expanduser()
-        try:
-            if (path / "manifest.json").is_file() or path.name.startswith("step-"):
-                return open_checkpoint(path)
-            if path.is_dir():
-                found = CheckpointStore(path).newest_complete()
-                if found is not None:
-                    return found
-                raise ValueError("it holds no complete checkpoint (step-N/ with a manifest.json)")
-            raise ValueError("it does not exist")
-        except ValueError as exc:
-            raise UserError(
-                f"--resume {mode} is not a usable checkpoint: {exc}. Give a step-N directory "
-                "written by rlinf-hpc (or a directory of them), `auto` or `never`."
-            ) from None
-
-    def _check_fits(self, checkpoint: Checkpoint) -> None:
-        saved = checkpoint.manifest["config"]
-        current = self.config.model_dump(mode="json")
-        changed, fixed = config_differences(saved, current)
-        if fixed:
-            raise UserError(
-                f"checkpoint {checkpoint.path} was written by a job whose {', '.join(fixed)} differ "
-                f"({describe_differences(saved, current, fixed)}); its state cannot be loaded into "
-                "this one. Start a new run directory, or resume with the original settings."
-            )
-        if changed and not self.force:
-            raise UserError(
-                f"checkpoint {checkpoint.path} was written with a different config: "
-                f"{describe_differences(saved, current, changed)}. Resume with the same config, add "
-                "--force-resume to accept the changes, or --resume never to start afresh."
-            )
-        if changed:
-            log.warning("resuming with changed config keys (--force-resume): %s", ", ".join(changed))
+            check_fits(self.target, self.config, self.force)
 
     # -- resume ------------------------------------------------------------------------------
     def restore(self, pipelines: Sequence[Any] = ()) -> dict[str, Any] | None:
@@ -423,58 +367,10 @@ class CheckpointManager:
 
     # -- after a stop ------------------------------------------------------------------------
     def exit_code_after_stop(self, stop: CheckpointStop) -> int:
-        """Requeue in SLURM when that is right; returns the job's exit code."""
-        allocation = self.allocation
-        if not stop.progressed:
-            log.error(
-                "stopped at step %d, where this run resumed: no progress since the last run, so the "
-                "job does not requeue (a step plus a save may not fit the time left; give the job "
-                "more time or lower checkpoint.deadline_margin_s)", stop.step,
-            )  # fmt: skip
-            return EXIT_NO_PROGRESS
-        if allocation is None or not self.settings.requeue:
-            log.warning(
-                "saved step %d and stopped (%s); run the same command again to resume", stop.step, stop.reason
-            )
-            return EXIT_SAVED_AND_STOPPED
-        if not can_requeue():
-            log.warning("saved step %d; scontrol is not available, so the job does not requeue", stop.step)
-            return EXIT_SAVED_AND_STOPPED
-        timeout = stop.reason.startswith("allocation deadline") or allocation.timed_out()
-        counts = self._requeue_counts()
-        if timeout:
-            if counts["timeouts"] >= self.settings.max_requeues:
-                log.error(
-                    "saved step %d; the job timed out %d time(s) already (checkpoint.max_requeues = "
-                    "%d): not requeueing again", stop.step, counts["timeouts"], self.settings.max_requeues,
-                )  # fmt: skip
-                return EXIT_NO_PROGRESS
-            counts["timeouts"] += 1
-        else:
-            counts["preemptions"] += 1
-        self._write_requeue_counts(counts)
-        requeue_after_exit(allocation.job_id)
-        log.warning(
-            "saved step %d; requeueing SLURM job %s (%s; timeouts %d/%d, preemptions %d)",
-            stop.step, allocation.job_id, "timeout" if timeout else "preemption", counts["timeouts"],
-            self.settings.max_requeues, counts["preemptions"],
-        )  # fmt: skip
-        return EXIT_REQUEUED
-
-    def _requeue_counts(self) -> dict[str, int]:
+        """Requeue in SLURM when that is right (`requeue.exit_code_after_stop`); returns the
+        job's exit code."""
         assert self.store is not None
-        try:
-            return {
-                "timeouts": 0,
-                "preemptions": 0,
-                **json.loads((self.store.root / "requeues.json").read_text()),
-            }
-        except (OSError, json.JSONDecodeError):
-            return {"timeouts": 0, "preemptions": 0}
-
-    def _write_requeue_counts(self, counts: dict[str, int]) -> None:
-        assert self.store is not None
-        (self.store.root / "requeues.json").write_text(json.dumps(counts), encoding="utf-8")
+        return exit_code_after_stop(stop, self.allocation, self.settings, self.store.root)
 
 
 def checkpoints_of(coordinator: Any) -> CheckpointManager:

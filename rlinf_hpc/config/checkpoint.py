@@ -1,0 +1,49 @@
+"""[checkpoint]: when a long job saves, where, how many it keeps, and what it does near the end
+of its SLURM allocation (see README, Long jobs)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from rlinf_hpc.config.section import Section as _Section
+
+
+class CheckpointConfig(_Section):
+    """[checkpoint]: periodic, deadline-aware saves and exact resume (see README "Long jobs")."""
+
+    enabled: bool = Field(
+        True,
+        description="Save checkpoints (flows that support them: math_grpo). Needs --run-dir or "
+        "checkpoint.dir; without either the job says so once and saves nothing.",
+    )
+    dir: str = Field(
+        "", description="Where checkpoints go (default RUN_DIR/checkpoints); one job per directory."
+    )
+    every_steps: int = Field(20, ge=0, description="Save every N finished steps (0: off).")
+    every_minutes: float = Field(
+        30.0, ge=0, description="Save when this many minutes passed since the last save (0: off)."
+    )
+    keep: int = Field(
+        2, ge=2, description="Complete checkpoints kept (the newest complete one is never deleted)."
+    )
+    async_save: bool = Field(
+        True,
+        description="Training stalls only for the copy to host memory; files are written and "
+        "hashed in the background (the next save waits for the previous one).",
+    )
+    at_end: bool = Field(True, description="Save after the last step.")
+    deadline_margin_s: float = Field(
+        60.0,
+        ge=0,
+        description="Inside SLURM: save and stop when elapsed + slowest step + measured save "
+        "time + this margin would pass the allocation's end.",
+    )
+    signal_seconds: int = Field(
+        120, ge=10, description="`rlinf-hpc submit`: ask SLURM for SIGUSR2 this many seconds before the end."
+    )
+    requeue: bool = Field(
+        True, description="Inside SLURM: after a deadline/signal save, `scontrol requeue` the job."
+    )
+    max_requeues: int = Field(
+        3, ge=0, description="Requeues after a *timeout* (preemptions do not count) before stopping."
+    )
