@@ -21,11 +21,12 @@ Outside an MPI job it starts its own 5 ranks with the venv's mpiexec: rank 0 pro
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 from pathlib import Path
+
+from benchlib import write_json
 
 REQUIRED = {
     "item16mb_vs_p2p": (">=", 0.80),
@@ -271,9 +272,7 @@ def main() -> int:
         ),
     }
     ok = report(ratios, raw)
-    if args.json:
-        Path(args.json).write_text(json.dumps({"ratios": ratios, "raw": raw}, indent=2) + "\n")
-        print(f"wrote {args.json}")
+    write_json(args.json, {"ratios": ratios, "raw": raw})
     return 0 if ok else 1
 
 

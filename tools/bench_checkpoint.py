@@ -29,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchlib import check_ratios, write_json
+
 REPO = Path(__file__).resolve().parents[1]
 REQUIRED = {  # ratio name -> (comparison, bound)
     "save_vs_baseline": (">=", 0.8),
@@ -171,12 +173,8 @@ def main() -> int:
 def report(result: dict, args: argparse.Namespace) -> int:
     from rlinf_hpc.runtime.console import print_table
 
-    raw, ok, rows = result["raw"], True, []
-    for name, value in result["ratios"].items():
-        op, bound = REQUIRED[name]
-        passed = value >= bound if op == ">=" else value <= bound
-        ok &= passed
-        rows.append((name, f"{value:.3f}", f"{op} {bound}", "pass" if passed else "FAIL"))
+    raw = result["raw"]
+    rows, ok = check_ratios(result["ratios"], REQUIRED, digits=3)
     gb = raw["state_bytes"] / 1e9
     print(f"bench_checkpoint: {gb:.2f} GB synthetic state, median of {args.repeats}; every write fsynced")
     print_table("ratios", ["ratio", "value", "required", "status"], rows)
@@ -204,9 +202,7 @@ def report(result: dict, args: argparse.Namespace) -> int:
                  f"({100 * raw['main_stall_share']:.2f}% of step time)"),
             ],
         )  # fmt: skip
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {args.json}")
+    write_json(args.json, result)
     return 0 if ok else 1
 
 

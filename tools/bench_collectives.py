@@ -16,12 +16,13 @@ compare like with like, the absolute times are not what a cluster sees.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from benchlib import check_ratios, write_json
 
 REQUIRED = {  # ratio name -> (comparison, bound)
     "bcast64mb_vs_mpi": (">=", 0.8),
@@ -124,14 +125,7 @@ def main() -> int:
 def report(result: dict, args: argparse.Namespace, size: int) -> int:
     from rlinf_hpc.runtime.console import print_table
 
-    ok = True
-    rows = []
-    for name, value in result["ratios"].items():
-        op, bound = REQUIRED[name]
-        passed = value >= bound if op == ">=" else value <= bound
-        status = "pass" if passed else ("not met yet" if name in NOT_YET_MET else "FAIL")
-        ok &= passed or name in NOT_YET_MET
-        rows.append((name, f"{value:.2f}", f"{op} {bound}", status))
+    rows, ok = check_ratios(result["ratios"], REQUIRED, NOT_YET_MET)
     print(f"bench_collectives: {size} ranks, {args.repeats} repeats (median); ratio = MPI time / ours")
     print_table("ratios (higher is better)", ["ratio", "value", "required", "status"], rows)
     scaling = []
@@ -142,9 +136,7 @@ def report(result: dict, args: argparse.Namespace, size: int) -> int:
     print_table("broadcast of 64 MB to N ranks", ["N", "MPI Bcast ms", "ours ms", "ratio"], scaling)
     others = [(k, f"{v * 1e3:.1f}") for k, v in result["raw"].items() if not k.startswith("bcast")]
     print_table(f"all_to_all / gather over {size} ranks (4 MB per pair)", ["measure", "ms"], others)
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {args.json}")
+    write_json(args.json, result)
     return 0 if ok else 1
 
 

@@ -14,7 +14,6 @@ sends objects of 1 to 10,000 float32 tensors totalling 1 KB to 256 MB against mp
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import socket
 import statistics
@@ -22,6 +21,8 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from benchlib import check_ratios, write_json
 
 REQUIRED = {  # ratio name -> (comparison, bound)
     "tensor64mb_vs_mpi_buffers": (">=", 0.90),
@@ -271,17 +272,7 @@ def report(result: dict[str, dict[str, float]], args: argparse.Namespace) -> boo
     from rlinf_hpc.comm import library_version
     from rlinf_hpc.runtime.console import print_table
 
-    ok = True
-    rows = []
-    for name, value in result["ratios"].items():
-        op, bound = REQUIRED[name]
-        passed = value >= bound if op == ">=" else value <= bound
-        status = "pass" if passed else "FAIL"
-        if name in NOT_YET_MET and not passed:
-            status = "not met yet"
-        else:
-            ok &= passed
-        rows.append((name, f"{value:.2f}", f"{op} {bound}", status))
+    rows, ok = check_ratios(result["ratios"], REQUIRED, NOT_YET_MET)
     print(
         f"bench_comm: 2 ranks on {socket.gethostname()}, {library_version()}, torch "
         f"{torch.__version__}, Python {platform.python_version()}, {args.repeats} repeats (median)"
@@ -299,9 +290,7 @@ def report(result: dict[str, dict[str, float]], args: argparse.Namespace) -> boo
         scan_rows.append((str(count), *cells))
     headers = ["leaves", *(_size_text(n) for n in args.scan_sizes)]
     print_table("scan: ours GB/s (x pickle), objects of K float32 tensors", headers, scan_rows)
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {args.json}")
+    write_json(args.json, result)
     return ok
 
 

@@ -31,6 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchlib import write_json
+
 REPO = Path(__file__).resolve().parents[1]
 REQUIRED = {"best_vs_naive": 1.2, "auto_vs_best": 0.95}
 COMPONENTS = ("rollout", "reward", "inference", "actor")
@@ -133,9 +135,7 @@ def main() -> int:
             for k, v in ratios.items()
         ],
     )
-    if args.json:
-        Path(args.json).write_text(json.dumps({"ratios": ratios, "raw": raw}, indent=2) + "\n")
-        print(f"wrote {args.json}")
+    write_json(args.json, {"ratios": ratios, "raw": raw})
     return 0 if ok else 1
 
 

@@ -13,11 +13,12 @@ bytes into an already-touched buffer, measured in the same run. Medians of 5 aft
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 from pathlib import Path
+
+from benchlib import write_json
 
 REQUIRED = {"offload_onload_vs_memcpy": (">=", 0.5)}
 
@@ -134,9 +135,7 @@ def main() -> int:
         ["measure", "value"],
         [(k, f"{v:,.3f}") for k, v in raw.items()],
     )
-    if args.json:
-        Path(args.json).write_text(json.dumps({"ratios": ratios, "raw": raw}, indent=2) + "\n")
-        print(f"wrote {args.json}")
+    write_json(args.json, {"ratios": ratios, "raw": raw})
     return 0 if ok else 1
 
 
