@@ -39,11 +39,6 @@ def stop_requested() -> str | None:
     return _stop_requested[0] if _stop_requested else None
 
 
-def request_stop(reason: str) -> None:
-    """Ask for a save and stop at the next step boundary (what SIGUSR2 does)."""
-    _stop_requested.append(reason)
-
-
 def install_signal_handlers() -> None:
     """Make SIGINT/SIGTERM raise `JobInterrupted` and SIGUSR2 flag a save-and-stop (main
     thread only)."""
