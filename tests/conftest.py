@@ -15,6 +15,18 @@ TESTS_DIR = Path(__file__).resolve().parent
 REPO = TESTS_DIR.parent
 BIN = Path(sys.executable).parent
 CONFIGS = REPO / "configs"
+
+#: A very small model and task: two GRPO steps in seconds.
+TINY = [
+    "model.hidden_size=32", "model.num_layers=2", "model.num_heads=2", "model.intermediate_size=64",
+    "task.digits=1", "task.eval_size=16",
+    "sft.steps=4", "sft.batch_size=16", "sft.cache_dir=",
+    "grpo.steps=2", "grpo.prompts_per_step=8", "grpo.group_size=4", "grpo.eval_every=1",
+    "grpo.max_new_tokens=3",
+    "pipeline.micro_batch=2", "pipeline.min_micro_batch=1", "pipeline.max_micro_batch=8",
+    "flow.runner=job_workers:grpo_digest_flow",
+]  # fmt: skip
+
 #: Variables with which a developer runs part of an MPI check program by hand; the suite
 #: always runs all of it.
 SUBSET_VARIABLES = frozenset(

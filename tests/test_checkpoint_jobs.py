@@ -14,13 +14,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_math_jobs import TINY
 
 from rlinf_hpc.errors import EXIT_SAVED_AND_STOPPED
 from rlinf_hpc.runtime.checkpoint import read_state
 from rlinf_hpc.runtime.checkpoint.store import open_checkpoint
 
-from conftest import CONFIGS, job_env, rlinf
+from conftest import CONFIGS, TINY, job_env, rlinf
 
 STEPS = 6
 BASE = [

@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 from test_checkpoint_jobs import _assert_same_state, _final, _metrics
-from test_math_jobs import TINY
 from test_slurm import _REASON
 
-from conftest import CONFIGS, job_env, rlinf, run_command
+from conftest import CONFIGS, TINY, job_env, rlinf, run_command
 
 pytestmark = [pytest.mark.slurm, *([pytest.mark.skip(reason=_REASON)] if _REASON else [])]
 

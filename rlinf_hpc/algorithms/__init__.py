@@ -1,5 +1,46 @@
-"""RL algorithms: advantages and losses."""
+"""RL algorithms — the one home of advantages, policy and value losses, KL and aggregation.
 
-from rlinf_hpc.algorithms.grpo import LossStats, group_advantages, grpo_loss
+One module per concept, each function short and documented with its formula (as CleanRL
+writes them), with veRL's semantics and names (``core_algos``): `advantages` (GRPO outcome
+advantage, GAE), `policy_loss` (PPO clip with clip-higher and dual clip), `value_loss`
+(clipped value loss, entropy), `kl` (k1/abs/k2/k3), `aggregation` (masked reductions, the four
+``loss_agg_mode``\\ s, data-parallel normalization). Tensors are ``[batch, response_length]``
+with a 0/1 response mask.
+"""
 
-__all__ = ["LossStats", "group_advantages", "grpo_loss"]
+from rlinf_hpc.algorithms.advantages import (
+    gae_advantage_return,
+    grpo_outcome_advantage,
+    outcome_token_rewards,
+)
+from rlinf_hpc.algorithms.aggregation import (
+    LOSS_AGG_MODES,
+    DataParallelScale,
+    agg_loss,
+    masked_mean,
+    masked_var,
+    masked_whiten,
+    pad_right,
+)
+from rlinf_hpc.algorithms.kl import KL_ESTIMATORS, kl_penalty
+from rlinf_hpc.algorithms.policy_loss import PolicyLossMetrics, ppo_policy_loss
+from rlinf_hpc.algorithms.value_loss import clipped_value_loss, entropy_from_logits
+
+__all__ = [
+    "KL_ESTIMATORS",
+    "LOSS_AGG_MODES",
+    "DataParallelScale",
+    "PolicyLossMetrics",
+    "agg_loss",
+    "clipped_value_loss",
+    "entropy_from_logits",
+    "gae_advantage_return",
+    "grpo_outcome_advantage",
+    "kl_penalty",
+    "masked_mean",
+    "masked_var",
+    "masked_whiten",
+    "outcome_token_rewards",
+    "pad_right",
+    "ppo_policy_loss",
+]

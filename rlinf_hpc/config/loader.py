@@ -7,6 +7,7 @@ and how to fix it (nearest valid key for typos, line/column for TOML syntax erro
 from __future__ import annotations
 
 import difflib
+import re
 import types
 import typing
 from pathlib import Path
@@ -119,12 +120,20 @@ def _describe_error(err: dict[str, Any], overridden: set[str]) -> str:
         return f"unknown key `{dotted}`{origin}.{hint} Valid keys in {where}: {', '.join(valid)}."
     if err["type"] == "missing":
         return f"`{dotted}` is required but missing."
+    if err["type"] == "literal_error":
+        allowed = re.findall(r"'([^']*)'", str(err.get("ctx", {}).get("expected", "")))
+        near = difflib.get_close_matches(str(err.get("input")), allowed, n=1, cutoff=0.4)
+        hint = f" Did you mean '{near[0]}'?" if near else ""
+        return f"`{dotted}`{origin} is {err.get('input')!r}, not one of {', '.join(allowed)}.{hint}"
     message = str(err["msg"]).removeprefix("Value error, ")
     if not loc:  # a check across sections: its message names the keys itself
         return message + "."
     got = err.get("input")
-    shown = repr(got) if not isinstance(got, dict) else "a table"
-    return f"`{dotted}`{origin}: {message}, got {shown}."
+    if isinstance(got, dict) and err["type"] == "value_error":  # a check across a section's keys
+        return f"[{dotted}]{origin}: {message}."
+    if isinstance(got, dict):
+        return f"`{dotted}`{origin}: {message}, got a table."
+    return f"`{dotted}`{origin}: {message}, got {got!r}."
 
 
 def config_from_dict(data: dict[str, Any], source: str, overridden: set[str] | None = None) -> Config:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from rlinf_hpc.config.section import Section as _Section
 
@@ -77,13 +77,25 @@ class SFTConfig(_Section):
     steps: int = Field(200, ge=0, description="Optimizer steps (0: start RL from the model as is).")
     batch_size: int = Field(256, ge=1, description="Problems per step (over all actor ranks).")
     lr: float = Field(1e-3, gt=0, description="AdamW learning rate.")
+    max_grad_norm: float = Field(
+        1.0, gt=0, description="Gradient norm clip (DeepSpeed: grpo.max_grad_norm, fixed at start)."
+    )
     stop_at_accuracy: float | None = Field(
         0.3,
-        gt=0,
+        ge=0,
         le=1,
         description="Stop the warm start once greedy accuracy on `check_size` training problems "
         "(never the held-out ones) reaches this fraction, checked every `check_every` steps; RL "
-        "then starts from a policy that is sometimes right. None: run all `steps`.",
+        "then starts from a policy that is sometimes right. 0 (or None): run all `steps`.",
+    )
+    teacher: Literal["exact", "careless"] = Field(
+        "exact",
+        description="Who writes the warm start's answers: `exact` (the right answer) or "
+        "`careless` (sums only: forgets the carry unless a draw below `teacher_skill` says "
+        "otherwise — a weak teacher that supervised training cannot surpass; see tasks/teacher.py).",
+    )
+    teacher_skill: float = Field(
+        0.15, ge=0, le=1, description="careless teacher: chance that it carries when a sum needs it."
     )
     check_every: int = Field(25, ge=1, description="Steps between warm-start accuracy checks.")
     check_size: int = Field(128, ge=1, description="Training problems in a warm-start accuracy check.")
@@ -95,18 +107,65 @@ class SFTConfig(_Section):
 
 
 class GRPOConfig(_Section):
-    """[grpo]: the RL loop (rollout -> reward -> log-probs -> update -> weight sync)."""
+    """[grpo]: the RL loop (rollout -> reward -> log-probs -> update -> weight sync) and its
+    algorithm: GRPO (group-relative advantages) or PPO (a critic and GAE), with veRL's
+    options and semantics (`rlinf_hpc.algorithms`)."""
 
+    algorithm: Literal["grpo", "ppo"] = Field(
+        "grpo",
+        description="`grpo`: advantages from each prompt's group of samples; `ppo`: GAE from a "
+        "critic (needs a [components.critic] with worker rlinf_hpc.workers.math_critic:CriticWorker).",
+    )
+    control: Literal["none", "frozen", "supervised"] = Field(
+        "none",
+        description="Learning controls for benchmarks (tools/bench_learning.py): `frozen` runs "
+        "rollouts and rewards but never updates the actor; `supervised` replaces each RL update "
+        "by as many supervised steps on the warm start's data (its teacher). `none`: RL.",
+    )
     steps: int = Field(60, ge=1, description="RL steps.")
     prompts_per_step: int = Field(32, ge=1, description="Prompts per step (each sampled group_size times).")
-    group_size: int = Field(8, description="Samples per prompt; advantages are normalized within a group.")
+    group_size: int = Field(
+        8, ge=1, description="Samples per prompt; GRPO normalizes advantages within a group."
+    )
     lr: float = Field(2e-4, gt=0, description="AdamW learning rate of the policy.")
-    clip_eps: float = Field(0.2, gt=0, lt=1, description="PPO ratio clip.")
-    kl_coef: float = Field(0.0, ge=0, description="Weight of the KL penalty to the reference (SFT) policy.")
+    clip_eps: float = Field(
+        0.2, gt=0, lt=1, description="PPO ratio clip (both sides unless clip_ratio_low/high)."
+    )
+    clip_ratio_low: float | None = Field(
+        None, gt=0, lt=1, description="Lower ratio clip 1 - low (default clip_eps)."
+    )
+    clip_ratio_high: float | None = Field(
+        None, gt=0, description="Upper ratio clip 1 + high (default clip_eps; higher = DAPO's clip-higher)."
+    )
+    clip_ratio_c: float = Field(
+        3.0, gt=1, description="Dual clip: a negative-advantage token's loss is at most -A * c."
+    )
+    loss_agg_mode: Literal[
+        "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
+    ] = Field(
+        "token-mean",
+        description="How token losses become the batch loss (token-mean is the global mean over "
+        "every actor rank's tokens; seq-mean-token-sum-norm divides by max_new_tokens: Dr.GRPO).",
+    )
+    norm_adv_by_std: bool = Field(
+        True, description="GRPO: divide by the group's reward std (false: Dr.GRPO, mean-centred only)."
+    )
+    kl_coef: float = Field(0.0, ge=0, description="Weight of the KL loss to the reference (SFT) policy.")
+    kl_estimator: Literal["k1", "abs", "k2", "k3"] = Field(
+        "k3", description="KL estimator of the KL loss (k3 clamped to [-10, 10] as in veRL)."
+    )
+    entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus weight (loss -= coef x entropy).")
+    gamma: float = Field(1.0, ge=0, le=1, description="PPO: discount of GAE.")
+    lam: float = Field(1.0, ge=0, le=1, description="PPO: GAE lambda.")
+    critic_lr: float = Field(1e-3, gt=0, description="PPO: AdamW learning rate of the critic.")
+    cliprange_value: float = Field(0.5, gt=0, description="PPO: value clip around the old values.")
+    critic_warmup_steps: int = Field(
+        0, ge=0, description="PPO: first steps in which only the critic learns (the actor waits)."
+    )
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient norm clip of the RL updates.")
     update_epochs: int = Field(1, ge=1, le=16, description="Passes over each step's samples.")
     minibatches: int = Field(
-        1, ge=1, description="Optimizer steps per pass (old-policy log-probs matter when > 1)."
+        1, ge=1, description="Optimizer steps per pass (the ratio leaves 1 from the second on)."
     )
     max_new_tokens: int = Field(6, ge=1, description="Longest completion.")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature of the rollout.")
@@ -126,13 +185,28 @@ class GRPOConfig(_Section):
     )
     zero_stage: Literal[1, 2] = Field(1, description="DeepSpeed ZeRO stage when train_backend = deepspeed.")
 
-    @field_validator("group_size")
-    @classmethod
-    def _group_of_two(cls, value: int) -> int:
-        if value < 2:
+    @property
+    def clip_low(self) -> float:
+        return self.clip_eps if self.clip_ratio_low is None else self.clip_ratio_low
+
+    @property
+    def clip_high(self) -> float:
+        return self.clip_eps if self.clip_ratio_high is None else self.clip_ratio_high
+
+    @model_validator(mode="after")
+    def _check_algorithm(self) -> GRPOConfig:
+        if self.clip_low > self.clip_high:
             raise ValueError(
-                f"grpo.group_size = {value}: GRPO normalizes rewards within a group of samples of "
-                "the same prompt, so a group of 1 gives every sample an advantage of 0 and nothing "
-                "is learned; use 2 or more (8 is common)"
+                f"grpo.clip_ratio_low ({self.clip_low}) is above grpo.clip_ratio_high "
+                f"({self.clip_high}): the ratio may fall to 1 - low and rise to 1 + high, and "
+                "clip-higher means high >= low; swap them or set both from clip_eps"
             )
-        return value
+        if self.algorithm == "grpo" and self.norm_adv_by_std and self.group_size < 2:
+            raise ValueError(
+                f"grpo.group_size = {self.group_size}: GRPO normalizes rewards within a group of "
+                "samples of the same prompt; a group of 1 has no baseline (its advantage would be "
+                "the raw reward, veRL's convention: REINFORCE, not GRPO). Use 2 or more (8 is "
+                "common), or grpo.norm_adv_by_std = false to accept reward-as-advantage, or "
+                'grpo.algorithm = "ppo" (a critic\'s baseline)'
+            )
+        return self

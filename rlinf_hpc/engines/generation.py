@@ -106,14 +106,12 @@ def generate(
     return completions
 
 
-def sequence_logprobs(
-    model: Any,
-    prompt_ids: Sequence[Sequence[int]],
-    completion_ids: Sequence[Sequence[int]],
-    pad_id: int,
-    device: str = "cpu",
-) -> list[torch.Tensor]:
-    """Log-probability of every completion token given its prompt (with grad if enabled)."""
+def join_rows(
+    prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]], pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor, list[slice]]:
+    """Prompt + completion rows, right-padded: ``(ids, attention mask, spans)`` where span ``i``
+    picks, from outputs at positions ``0 .. width - 2``, the positions that predict row ``i``'s
+    completion tokens (position t predicts token t + 1)."""
     rows = [list(p) + list(c) for p, c in zip(prompt_ids, completion_ids, strict=True)]
     width = max(len(r) for r in rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
@@ -121,12 +119,31 @@ def sequence_logprobs(
     for i, row in enumerate(rows):
         ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
         mask[i, : len(row)] = 1
-    logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits.float()
+    spans = [slice(len(p) - 1, len(p) - 1 + len(c)) for p, c in zip(prompt_ids, completion_ids, strict=True)]
+    return ids, mask, spans
+
+
+def sequence_logprobs(
+    model: Any,
+    prompt_ids: Sequence[Sequence[int]],
+    completion_ids: Sequence[Sequence[int]],
+    pad_id: int,
+    device: str = "cpu",
+    with_entropy: bool = False,
+) -> Any:
+    """Log-probability of every completion token given its prompt (with grad if enabled); with
+    ``with_entropy`` also the entropy of the model's next-token distribution at each of those
+    positions: ``(logprobs, entropies)``."""
+    ids, mask, spans = join_rows(prompt_ids, completion_ids, pad_id)
+    logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits.float()[:, :-1]
     # position t predicts token t + 1
     targets = ids[:, 1:].to(logits.device)
-    picked = logits[:, :-1].gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    token_logprobs = picked - torch.logsumexp(logits[:, :-1], dim=-1)
-    out = []
-    for i, (p, c) in enumerate(zip(prompt_ids, completion_ids, strict=True)):
-        out.append(token_logprobs[i, len(p) - 1 : len(p) - 1 + len(c)])
-    return out
+    normalizer = torch.logsumexp(logits, dim=-1)
+    token_logprobs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - normalizer
+    out = [token_logprobs[i, span] for i, span in enumerate(spans)]
+    if not with_entropy:
+        return out
+    from rlinf_hpc.algorithms import entropy_from_logits
+
+    entropy = entropy_from_logits(logits)
+    return out, [entropy[i, span] for i, span in enumerate(spans)]

@@ -22,10 +22,12 @@ from rlinf_hpc.runtime.metrics import MetricsLog, require_tensorboard
 from rlinf_hpc.runtime.plots import plot_training
 from rlinf_hpc.scheduler import Coordinator, Pipeline
 from rlinf_hpc.tasks import make_task
+from rlinf_hpc.tasks.teacher import check_teacher
 
 log = get_logger("grpo")
 
 COMPONENTS = ("rollout", "reward", "inference", "actor")
+CRITIC_WORKER = "rlinf_hpc.workers.math_critic:CriticWorker"
 
 
 def validate(config: Config) -> None:
@@ -36,11 +38,24 @@ def validate(config: Config) -> None:
             f"the math_grpo flow needs components {', '.join(COMPONENTS)}; the config lacks "
             f"{', '.join(missing)} (add [components.{missing[0]}])."
         )
+    ppo = config.grpo.algorithm == "ppo"
+    if ppo and "critic" not in config.components:
+        raise UserError(
+            'grpo.algorithm = "ppo" needs a critic: add [components.critic] with worker = '
+            f'"{CRITIC_WORKER}" (its own ranks, or the actor\'s with placement.mode = '
+            '"collocated"), or use grpo.algorithm = "grpo", which needs none.'
+        )
+    if not ppo and "critic" in config.components:
+        raise UserError(
+            f'the config has [components.critic] but grpo.algorithm = "{config.grpo.algorithm}" '
+            'has no critic: its ranks would idle. Remove the table or set grpo.algorithm = "ppo".'
+        )
     if config.model.path:
         check_model_dir(config.model.path)
     if config.grpo.tensorboard:
         require_tensorboard()
     make_task(config.task, config.job.seed)  # reads and checks JSONL files
+    check_teacher(config.sft, config.task)
 
 
 def check_inputs(coordinator: Coordinator) -> Any:
@@ -59,14 +74,16 @@ def check_inputs(coordinator: Coordinator) -> Any:
     return task
 
 
-def sync_weights(coordinator: Coordinator) -> dict[str, float]:
-    """Actor group rank 0 -> every rollout and inference rank; returns seconds and bytes."""
+def sync_weights(coordinator: Coordinator, also: tuple[str, ...] = ()) -> dict[str, float]:
+    """Actor group rank 0 -> every rollout and inference rank (and the components in
+    ``also``: the critic takes the warm-started weights once); returns seconds and bytes."""
     placement = coordinator.placement
     source = placement.ranks_of("actor")[0]
-    targets = [(rank, name) for name in ("rollout", "inference") for rank in placement.ranks_of(name)]
+    names = ("rollout", "inference", *also)
+    targets = [(rank, name) for name in names for rank in placement.ranks_of(name)]
     started = time.monotonic()
     push = coordinator.group("actor").subset([0]).call("push_weights", targets)
-    pulls = [coordinator.group(name).call("pull_weights", source) for name in ("rollout", "inference")]
+    pulls = [coordinator.group(name).call("pull_weights", source) for name in names]
     sent = push.result()[0]
     for pull in pulls:
         pull.result()
@@ -91,7 +108,7 @@ def _warm_start(coordinator: Coordinator, eval_set: list[Any]) -> tuple[dict[str
         "warm start %s in %.1f s%s", "loaded from cache" if warm["cached"] else "trained", warm["seconds"],
         f" (final loss {warm['loss']:.3f})" if warm["loss"] is not None else "",
     )  # fmt: skip
-    sync_weights(coordinator)
+    sync_weights(coordinator, ("critic",) if "critic" in coordinator.placement.groups else ())
     coordinator.group("inference").call("set_reference").result()
     accuracy = evaluate(coordinator, eval_set)["accuracy"]
     log.info("held-out accuracy after warm start: %.1f%% (%d problems)", 100 * accuracy, len(eval_set))
@@ -112,7 +129,10 @@ def math_grpo_flow(coordinator: Coordinator) -> dict[str, Any]:
 
     pipe = Pipeline(coordinator, "grpo")
     pipe.stage("rollout", "generate")
-    pipe.stage("reward", "score").stage("inference", "logprobs").stage("actor", "collect", finish="update")
+    pipe.stage("reward", "score").stage("inference", "logprobs")
+    if grpo.algorithm == "ppo":
+        pipe.stage("critic", "values", finish="update")
+    pipe.stage("actor", "collect", finish="update")
     resumed = checkpoints.restore([pipe])
     if resumed is None:
         warm, start_accuracy = _warm_start(coordinator, eval_set)
@@ -146,10 +166,12 @@ def math_grpo_flow(coordinator: Coordinator) -> dict[str, Any]:
         items = [{"uid": p.uid, "step": step, "prompt": p.prompt, "answer": p.answer} for p in problems]
         result = pipe.run(items)
         update = result.finished["actor"][0]
+        critic = result.finished["critic"][0] if "critic" in result.finished else {}
         sync = sync_weights(coordinator)
         record: dict[str, Any] = {
             "step": step + 1,
             **{k: v for k, v in update.items() if k != "update_s"},
+            **{k: v for k, v in critic.items() if k != "critic_update_s"},
             "step_s": result.seconds + sync["seconds"],
             "tokens_per_s": update["tokens"] / max(result.seconds, 1e-9),
             "weight_sync_s": sync["seconds"],
@@ -158,6 +180,7 @@ def math_grpo_flow(coordinator: Coordinator) -> dict[str, Any]:
             "phases_s": {
                 **{s["component"]: round(s["busy_s"], 4) for s in result.stages},
                 "actor": round(update["update_s"], 4),  # collecting is free; the update is not
+                **({"critic_update": round(critic["critic_update_s"], 4)} if critic else {}),
             },
             "switch_s": round(sum(s["switch_s"] for s in result.stages), 4),
             "bubble_fraction": bubble_fraction(result),
@@ -178,11 +201,11 @@ def math_grpo_flow(coordinator: Coordinator) -> dict[str, Any]:
     if run_dir is not None:
         plot_training(history, evals, run_dir / "progress.png", config.job.name)
     print_table(
-        "math GRPO: held-out accuracy (greedy)",
+        f"math {_label(grpo)}: held-out accuracy (greedy)",
         ["", "accuracy", "problems", "reward (sampled)"],
         [
             ("after warm start", f"{100 * start_accuracy:.1f}%", str(len(eval_set)), "-"),
-            (f"after {grpo.steps} GRPO steps", f"{100 * end_accuracy:.1f}%", str(len(eval_set)),
+            (f"after {grpo.steps} {_label(grpo)} steps", f"{100 * end_accuracy:.1f}%", str(len(eval_set)),
              f"{history[-1]['reward']:.3f}"),
         ],
     )  # fmt: skip
@@ -191,6 +214,8 @@ def math_grpo_flow(coordinator: Coordinator) -> dict[str, Any]:
         "eval_accuracy_end": end_accuracy,
         "eval_accuracy_gain": end_accuracy - start_accuracy,
         "steps": grpo.steps,
+        "algorithm": grpo.algorithm,
+        "control": grpo.control,
         "rl_seconds": round(rl_seconds, 3),
         "warm_start": warm,
         "placement": pipe.placement_label,
@@ -203,6 +228,11 @@ def math_grpo_flow(coordinator: Coordinator) -> dict[str, Any]:
 
 
 math_grpo_flow.validate = validate  # type: ignore[attr-defined]
+
+
+def _label(grpo: Any) -> str:
+    """``GRPO``, ``PPO``, or the control a benchmark runs instead of RL."""
+    return grpo.algorithm.upper() if grpo.control == "none" else f"{grpo.control}-control"
 
 
 def bubble_fraction(result: Any) -> float:

@@ -15,9 +15,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
-from rlinf_hpc.algorithms import group_advantages, grpo_loss
+from rlinf_hpc.algorithms import (
+    agg_loss,
+    grpo_outcome_advantage,
+    kl_penalty,
+    masked_mean,
+    masked_whiten,
+    outcome_token_rewards,
+    pad_right,
+    ppo_policy_loss,
+)
 from rlinf_hpc.engines.distributed import (
     broadcast_parameters,
     init_group_process_group,
@@ -25,7 +35,9 @@ from rlinf_hpc.engines.distributed import (
 )
 from rlinf_hpc.engines.generation import encode_prompts, sequence_logprobs
 from rlinf_hpc.engines.training import Trainer
+from rlinf_hpc.tasks.teacher import make_teacher
 from rlinf_hpc.workers.math_policy import WEIGHTS_TAG, PolicyWorker
+from rlinf_hpc.workers.sharding import even_share, minibatch_share
 from rlinf_hpc.workers.weights import send_weights
 
 
@@ -33,6 +45,7 @@ class ActorWorker(PolicyWorker):
     def setup(self, threads: int = 1) -> None:
         super().setup(threads)
         self._collected: list[dict[str, Any]] = []
+        self.teacher = make_teacher(self.config.sft, self.config.task, self.config.job.seed)
         self._start_training()
 
     def _start_training(self) -> None:
@@ -40,7 +53,7 @@ class ActorWorker(PolicyWorker):
         deepspeed = grpo.train_backend == "deepspeed"
         self.distributed = init_group_process_group(self.group, self.device, always=deepspeed)
         broadcast_parameters(self.model)
-        clip = grpo.max_grad_norm if deepspeed else None  # DeepSpeed fixes clipping at start
+        clip = grpo.max_grad_norm if deepspeed else self.config.sft.max_grad_norm  # DeepSpeed: fixed
         self.trainer = Trainer(
             self.model, self.device, self.config.sft.lr, grpo.train_backend, grpo.zero_stage, clip
         )
@@ -99,7 +112,7 @@ class ActorWorker(PolicyWorker):
                 "ranks": self.group_size,
                 "backend": self.config.grpo.train_backend,
                 "vocab": getattr(self.tokenizer, "chars", self.tokenizer.vocab_size),
-                "format": 2,
+                "format": 3,
             },
             sort_keys=True,
         )
@@ -128,7 +141,7 @@ class ActorWorker(PolicyWorker):
         accuracy = None
         steps_run = 0
         for step in range(sft.steps):
-            if sft.stop_at_accuracy is not None and step % sft.check_every == 0 and step:
+            if sft.stop_at_accuracy and step % sft.check_every == 0 and step:
                 accuracy = self._greedy_accuracy(checks)
                 if accuracy >= sft.stop_at_accuracy:
                     break
@@ -183,7 +196,7 @@ class ActorWorker(PolicyWorker):
     def _sft_loss(self, problems: list[Any]) -> torch.Tensor:
         eos = self.tokenizer.eos_id
         prompts = encode_prompts(self.tokenizer, [p.prompt for p in problems])
-        targets = [self.tokenizer.encode(p.answer) + [eos] for p in problems]
+        targets = [self.tokenizer.encode(self.teacher.answer(p)) + [eos] for p in problems]
         logprobs = sequence_logprobs(
             self.trainer.module, prompts, targets, self.tokenizer.pad_id, self.device
         )
@@ -195,58 +208,130 @@ class ActorWorker(PolicyWorker):
         self._collected.extend(batch)
 
     def update(self) -> dict[str, Any]:
-        """One GRPO update on every group collected by any actor rank this step."""
+        """One RL update on every group collected by any actor rank this step: every rank
+        gathers the whole batch, computes the advantages of all of it (GRPO's groups, or the
+        critic's GAE whitened over the batch), and trains on an equal contiguous share;
+        ``update_epochs x minibatches`` optimizer steps whose losses are normalized over all
+        actor ranks (the global token or sequence count), so N ranks optimize what one would."""
         grpo = self.config.grpo
         started = time.monotonic()
         groups = [g for share in self.group.allgather(self._collected) for g in share]
         self._collected = []
         groups.sort(key=lambda g: g["uid"])
-        rewards = torch.tensor([g["rewards"] for g in groups], dtype=torch.float32)
-        advantages = group_advantages(rewards).flatten()
         samples = [
-            (
-                g["prompt_ids"],
-                ids,
-                g["old_logprobs"][j],
-                g.get("ref_logprobs", [None] * len(g["completions"]))[j],
-            )
+            {
+                "prompt": g["prompt_ids"],
+                "ids": ids,
+                "old": g["old_logprobs"][j],
+                "ref": g["ref_logprobs"][j] if "ref_logprobs" in g else None,
+                "uid": g["uid"],
+                "score": g["rewards"][j],
+                "gae": g["advantages"][j] if "advantages" in g else None,
+            }
             for g in groups
             for j, ids in enumerate(g["completions"])
         ]
-        lo, hi = even_share(len(samples), self.group_size, self.group_rank)
-        mine, my_adv = samples[lo:hi], advantages[lo:hi]
-        stats = []
-        for _ in range(grpo.update_epochs):
-            for m in range(grpo.minibatches):
-                part = slice(*even_share(len(mine), grpo.minibatches, m))
-                chunk = mine[part]
-                logprobs = sequence_logprobs(
-                    self.trainer.module,
-                    [s[0] for s in chunk],
-                    [s[1] for s in chunk],
-                    self.tokenizer.pad_id,
-                    self.device,
-                )
-                ref = [s[3] for s in chunk] if grpo.kl_coef > 0 else None
-                loss, stat = grpo_loss(
-                    logprobs, [s[2] for s in chunk], my_adv[part], grpo.clip_eps, ref, grpo.kl_coef
-                )
-                grad_norm = self.trainer.step(loss)
-                stats.append((stat, grad_norm))
+        advantages = self._advantages(samples)
+        step = groups[0]["step"] if groups else 0
+        if grpo.control == "frozen" or (grpo.algorithm == "ppo" and step < grpo.critic_warmup_steps):
+            totals: dict[str, float] = {}
+        elif grpo.control == "supervised":
+            totals = self._supervised_steps(step)
+        else:
+            totals = self._policy_steps(samples, advantages)
         correct = [c for g in groups for c in g["correct"]]
         formed = [w for g in groups for w in g["well_formed"]]
+        rewards = [r for g in groups for r in g["rewards"]]
         return {
-            "reward": rewards.mean().item(),
+            "reward": sum(rewards) / len(rewards),
             "sample_accuracy": sum(correct) / len(correct),
             "well_formed": sum(formed) / len(formed),
-            "loss": sum(s.loss for s, _ in stats) / len(stats),
-            "kl": sum(s.kl for s, _ in stats) / len(stats),
-            "clip_fraction": sum(s.clip_fraction for s, _ in stats) / len(stats),
-            "grad_norm": sum(n for _, n in stats) / len(stats),
+            **totals,
             "tokens": sum(g["tokens"] for g in groups),
             "groups": len(groups),
             "update_s": time.monotonic() - started,
         }
+
+    def _advantages(self, samples: list[dict[str, Any]]) -> torch.Tensor:
+        """``[samples, max_new_tokens]`` advantages of the whole batch."""
+        grpo = self.config.grpo
+        width = grpo.max_new_tokens
+        _, mask = pad_right([torch.zeros(len(s["ids"])) for s in samples], width)
+        if grpo.algorithm == "ppo":
+            gae, _ = pad_right([torch.as_tensor(s["gae"], dtype=torch.float32) for s in samples], width)
+            return masked_whiten(gae, mask)
+        scores = torch.tensor([s["score"] for s in samples], dtype=torch.float32)
+        advantages, _ = grpo_outcome_advantage(
+            outcome_token_rewards(scores, mask), mask, [s["uid"] for s in samples],
+            norm_adv_by_std=grpo.norm_adv_by_std,
+        )  # fmt: skip
+        return advantages
+
+    def _policy_steps(self, samples: list[dict[str, Any]], advantages: torch.Tensor) -> dict[str, float]:
+        """The clipped-objective optimizer steps on this rank's share; metrics averaged over
+        the steps and the actor ranks."""
+        grpo = self.config.grpo
+        width = grpo.max_new_tokens
+        ranks = self.group_size if self.distributed else 1
+        keys = ("loss", "pg_loss", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "entropy", "kl", "grad_norm")
+        sums = dict.fromkeys(keys, 0.0)
+        steps = 0
+        for _ in range(grpo.update_epochs):
+            for m in range(grpo.minibatches):
+                part, dp = minibatch_share(
+                    [len(x["ids"]) for x in samples],
+                    self.group_size,
+                    self.group_rank,
+                    grpo.minibatches,
+                    m,
+                    ranks,
+                )
+                chunk = samples[part]
+                logprobs, entropies = sequence_logprobs(
+                    self.trainer.module, [s["prompt"] for s in chunk], [s["ids"] for s in chunk],
+                    self.tokenizer.pad_id, self.device, with_entropy=True,
+                )  # fmt: skip
+                logp, mask = pad_right(logprobs, width)
+                old, _ = pad_right([s["old"] for s in chunk], width)
+                pg_loss, metrics = ppo_policy_loss(
+                    old, logp, advantages[part], mask, grpo.clip_low, grpo.clip_high,
+                    grpo.clip_ratio_c, grpo.loss_agg_mode, dp,
+                )  # fmt: skip
+                entropy, _ = pad_right(entropies, width)
+                loss = pg_loss
+                if grpo.entropy_coef > 0:
+                    loss = loss - grpo.entropy_coef * agg_loss(entropy, mask, grpo.loss_agg_mode, dp)
+                kl = torch.zeros(())
+                if grpo.kl_coef > 0:
+                    ref, _ = pad_right([s["ref"] for s in chunk], width)
+                    kl_tokens = kl_penalty(logp, ref, grpo.kl_estimator)
+                    loss = loss + grpo.kl_coef * agg_loss(kl_tokens, mask, grpo.loss_agg_mode, dp)
+                    kl = masked_mean(kl_tokens.detach(), mask)
+                grad_norm = self.trainer.step(loss)
+                values = (
+                    loss.item(), pg_loss.item(), metrics.pg_clipfrac.item(), metrics.pg_clipfrac_lower.item(),
+                    metrics.ppo_kl.item(), masked_mean(entropy.detach(), mask).item(), kl.item(), grad_norm,
+                )  # fmt: skip
+                for key, value in zip(keys, values, strict=True):
+                    sums[key] += value
+                steps += 1
+        means = self.group.allreduce(np.array([sums[k] / steps for k in keys])) / self.group_size
+        out = dict(zip(keys, (float(v) for v in means), strict=True))
+        return out
+
+    def _supervised_steps(self, step: int) -> dict[str, float]:
+        """The supervised control: as many optimizer steps as an RL update takes, on the warm
+        start's data (its teacher's answers), continuing that stream past the warm start."""
+        grpo, sft = self.config.grpo, self.config.sft
+        per_update = grpo.update_epochs * grpo.minibatches
+        lo, hi = even_share(sft.batch_size, self.group_size, self.group_rank)
+        losses = []
+        for k in range(per_update):
+            problems = self.task.train_batch(sft.steps + step * per_update + k, sft.batch_size, stream="sft")
+            loss = self._sft_loss(problems[lo:hi])
+            self.trainer.step(loss)
+            losses.append(loss.item())
+        return {"loss": self.group.allreduce(sum(losses) / len(losses)) / self.group_size}
 
     def push_weights(self, targets: list[tuple[int, str]]) -> dict[str, float]:
         """Send the policy to every ``(world rank, component)`` in ``targets`` (their
@@ -255,16 +340,3 @@ class ActorWorker(PolicyWorker):
         tagged = [(rank, (WEIGHTS_TAG, component)) for rank, component in targets]
         nbytes = send_weights(self.comm, self.model, tagged)
         return {"seconds": time.monotonic() - started, "bytes": nbytes}
-
-
-def even_share(total: int, parts: int, index: int) -> tuple[int, int]:
-    """``[lo, hi)`` of part ``index`` when ``total`` items are split into ``parts`` contiguous
-    parts whose sizes differ by at most one (manual placements are checked to divide evenly;
-    a split chosen by ``auto`` may not).
-
-    >>> [even_share(10, 3, i) for i in range(3)]
-    [(0, 4), (4, 7), (7, 10)]
-    """
-    base, extra = divmod(total, parts)
-    lo = index * base + min(index, extra)
-    return lo, lo + base + (1 if index < extra else 0)
