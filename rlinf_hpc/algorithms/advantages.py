@@ -52,11 +52,15 @@ def grpo_outcome_advantage(
     std = (squares / (count - 1).clamp(min=1)).sqrt()
     single = count == 1
     mean, std = torch.where(single, 0.0, mean), torch.where(single, 1.0, std)
+    denominator = std + epsilon
+    # veRL's singleton std is a float32 1.0, so its 1 + eps is rounded to float32: kept, so the
+    # two agree to the last bit in float64 too
+    denominator = torch.where(single, float(torch.tensor(1.0) + epsilon), denominator)
     low = torch.full_like(count, float("inf")).scatter_reduce_(0, group, scores, "amin")
     high = torch.full_like(count, -float("inf")).scatter_reduce_(0, group, scores, "amax")
     uniform = (low == high) & ~single
     centred = torch.where(uniform[group], 0.0, scores - mean[group])
-    advantage = centred / (std[group] + epsilon) if norm_adv_by_std else centred
+    advantage = centred / denominator[group] if norm_adv_by_std else centred
     out = advantage.to(token_level_rewards.dtype).unsqueeze(-1) * response_mask
     return out, out
 

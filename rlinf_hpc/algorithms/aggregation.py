@@ -7,9 +7,11 @@ loss is written once and aggregated any of four ways (``loss_agg_mode``):
 - ``seq-mean-token-sum``: ``mean_i sum_t L_it m_it``;
 - ``seq-mean-token-mean``: ``mean_i (sum_t L_it m_it / sum_t m_it)`` — every sequence weighs the
   same (the GRPO paper);
-- ``seq-mean-token-sum-norm``: ``sum_i sum_t L_it m_it / T`` with ``T`` the padded length —
-  Dr.GRPO's constant normalizer (pad to the generation budget to keep ``T`` fixed); as in
-  veRL, the sum over sequences is not divided by their number.
+- ``seq-mean-token-sum-norm``: ``mean_i sum_t L_it m_it / T`` with ``T`` the padded length —
+  Dr.GRPO's constant normalizer (pad to the generation budget to keep ``T`` fixed).
+
+Sequences without any unmasked token do not count in the ``seq-mean`` modes; denominators
+carry veRL's ``+ 1e-8`` (veRL 0.9's ``agg_loss``, same results to rounding).
 
 Data parallel: with ``dp`` (`DataParallelScale`) a rank's aggregate is its share of the
 *global* one — ``token-mean`` divides by the token count of all ranks, the other ``seq-mean``
@@ -17,8 +19,8 @@ modes by their sequence count — times the rank count, which the gradient avera
 several actor ranks optimize exactly what one rank would on the whole batch.
 
 >>> loss = torch.tensor([[1.0, 3.0], [2.0, 0.0]]); mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
->>> [agg_loss(loss, mask, m).item() for m in LOSS_AGG_MODES]
-[2.0, 3.0, 2.0, 3.0]
+>>> [round(agg_loss(loss, mask, m).item(), 6) for m in LOSS_AGG_MODES]
+[2.0, 3.0, 2.0, 1.5]
 """
 
 from __future__ import annotations
@@ -45,8 +47,8 @@ def masked_sum(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """``sum(v * m) / sum(m)`` (0 for an empty mask, not NaN)."""
-    return masked_sum(values, mask) / mask.sum().clamp(min=1e-8)
+    """``sum(v * m) / (sum(m) + 1e-8)`` (0 for an empty mask, not NaN)."""
+    return masked_sum(values, mask) / (mask.sum() + 1e-8)
 
 
 def masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
@@ -56,7 +58,10 @@ def masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) 
     if unbiased:
         count = mask.sum()
         if count < 2:
-            raise ValueError("an unbiased masked variance needs at least two unmasked entries")
+            raise ValueError(
+                f"an unbiased masked variance needs at least two unmasked entries, got {int(count)} "
+                "(use a larger batch)"
+            )
         variance = variance * count / (count - 1)
     return variance
 
@@ -79,21 +84,21 @@ def agg_loss(
     mask = loss_mask.to(loss_mat.dtype)
     token_sums = (loss_mat * mask).sum(dim=-1)
     if loss_agg_mode == "token-mean":
-        if dp is None:
-            return masked_mean(loss_mat, mask)
-        return token_sums.sum() / max(dp.tokens, 1e-8) * dp.ranks
-    if loss_agg_mode == "seq-mean-token-sum":
+        tokens = mask.sum() if dp is None else dp.tokens
+        return token_sums.sum() / tokens * (1 if dp is None else dp.ranks)
+    counts = mask.sum(dim=-1)
+    if loss_agg_mode in ("seq-mean-token-sum", "seq-mean-token-sum-norm"):
         per_sequence = token_sums
     elif loss_agg_mode == "seq-mean-token-mean":
-        per_sequence = token_sums / mask.sum(dim=-1).clamp(min=1e-8)
-    elif loss_agg_mode == "seq-mean-token-sum-norm":
-        total = token_sums.sum() / loss_mask.shape[-1]
-        return total if dp is None else total * dp.ranks
+        per_sequence = token_sums / (counts + 1e-8)
     else:
         raise ValueError(f"loss_agg_mode {loss_agg_mode!r} is not one of {', '.join(LOSS_AGG_MODES)}")
-    if dp is None:
-        return per_sequence.mean()
-    return per_sequence.sum() / max(dp.sequences, 1e-8) * dp.ranks
+    present = (counts > 0).to(loss_mat.dtype)  # a fully masked sequence does not count
+    sequences = present.sum() if dp is None else dp.sequences
+    loss = (per_sequence * present).sum() / sequences * (1 if dp is None else dp.ranks)
+    if loss_agg_mode == "seq-mean-token-sum-norm":
+        loss = loss / loss_mask.shape[-1]
+    return loss
 
 
 def pad_right(rows: Sequence[torch.Tensor], length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
