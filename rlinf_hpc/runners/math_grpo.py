@@ -1,9 +1,11 @@
-"""The built-in `math_grpo` flow: arithmetic (or GSM8K-style) reasoning trained with GRPO.
+"""The built-in `math_grpo` flow: arithmetic (or GSM8K-style) reasoning trained with GRPO or PPO.
 
 The macro flow, as a user would write it: warm start the actor, sync its weights to rollout and
-inference, then per step feed prompts through rollout -> reward -> inference -> actor (a
-`Pipeline`: micro-batches, any placement), sync again, evaluate now and then. Writes
-``metrics.jsonl`` (one line per step), ``progress.png`` and the summary's headline figures.
+inference (and, for PPO, once to the critic), then per step feed prompts through rollout ->
+reward -> inference (-> critic) -> actor (a `Pipeline`: micro-batches, any placement), sync
+again, evaluate now and then. ``grpo.control`` swaps the RL update for a frozen actor or
+supervised steps, the controls of tools/bench_learning.py. Writes ``metrics.jsonl`` (one line
+per step), ``progress.png`` and the summary's headline figures.
 """
 
 from __future__ import annotations

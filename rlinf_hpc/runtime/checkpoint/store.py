@@ -41,7 +41,7 @@ RESUMABLE_KEYS = (
     "components.*.num_ranks", "components.*.ranks",
 )  # fmt: skip
 #: Keys no resume may change, not even a forced one: the state would not fit or not mean the same.
-FIXED_KEYS = ("model.", "task.", "flow.runner", "grpo.train_backend", "grpo.group_size")
+FIXED_KEYS = ("model.", "task.", "flow.runner", "grpo.train_backend", "grpo.group_size", "grpo.algorithm")
 
 
 def flat_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
