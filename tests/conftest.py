@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -165,3 +166,44 @@ def make_tiny_hf_model(path: Path, hidden_size: int = 32) -> Path:
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+def probe_toml(tmp_path: Path, flow: str, alpha: int = 1, beta: int = 1, extra: str = "") -> Path:
+    """A job of ProbeWorkers (alpha, beta) running ``flow`` from tests/job_workers.py."""
+    path = tmp_path / "job.toml"
+    path.write_text(
+        f'[job]\nname = "probe"\nnum_ranks = {1 + alpha + beta}\ncall_timeout_s = 60\n{extra}\n'
+        f'[components.alpha]\nworker = "job_workers:ProbeWorker"\nnum_ranks = {alpha}\n'
+        f'options = {{ marker = "A" }}\n'
+        f'[components.beta]\nworker = "job_workers:ProbeWorker"\nnum_ranks = {beta}\n'
+        f'[flow]\nrunner = "job_workers:{flow}"\n'
+    )
+    return path
+
+
+def start_job(args: list[str]) -> subprocess.Popen[str]:
+    """Start a job in its own session (a test can signal or kill the whole group)."""
+    return subprocess.Popen(
+        args,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=job_env({"MPIEXEC_TIMEOUT": "90"}),
+        start_new_session=True,
+    )
+
+
+def wait_for_pids(proc: subprocess.Popen[str]) -> tuple[list[int], list[str]]:
+    """Read the job's output until its ``PIDS`` line (signal_flow prints it)."""
+    lines: list[str] = []
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if line.startswith("PIDS "):
+            return [int(p) for p in line.split()[1:]], lines
+    os.killpg(proc.pid, signal.SIGKILL)
+    pytest.fail("job never printed its PIDS line:\n" + "".join(lines))

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BIN, CONFIGS, job_env, mpiexec, rlinf, survivors
+from conftest import BIN, CONFIGS, mpiexec, probe_toml, rlinf, start_job, survivors, wait_for_pids
 
 pytestmark = pytest.mark.mpi
 
@@ -24,18 +24,6 @@ def _line(output: str, prefix: str) -> str:
     lines = [line for line in output.splitlines() if line.startswith(prefix)]
     assert len(lines) == 1, output
     return lines[0][len(prefix) :]
-
-
-def _probe_toml(tmp_path: Path, flow: str, alpha: int = 1, beta: int = 1, extra: str = "") -> Path:
-    path = tmp_path / "job.toml"
-    path.write_text(
-        f'[job]\nname = "probe"\nnum_ranks = {1 + alpha + beta}\ncall_timeout_s = 60\n{extra}\n'
-        f'[components.alpha]\nworker = "job_workers:ProbeWorker"\nnum_ranks = {alpha}\n'
-        f'options = {{ marker = "A" }}\n'
-        f'[components.beta]\nworker = "job_workers:ProbeWorker"\nnum_ranks = {beta}\n'
-        f'[flow]\nrunner = "job_workers:{flow}"\n'
-    )
-    return path
 
 
 def test_hello_launches_four_ranks_and_prints_results(tmp_path: Path) -> None:
@@ -81,7 +69,7 @@ def test_in_place_under_mpiexec_groups_have_working_communicators(tmp_path: Path
 
 def test_worker_exception_ends_job_with_one_message(tmp_path: Path) -> None:
     start = time.monotonic()
-    result = rlinf("run", str(_probe_toml(tmp_path, "failing_flow")), timeout=60)
+    result = rlinf("run", str(probe_toml(tmp_path, "failing_flow")), timeout=60)
     assert result.returncode == 1, result.output
     assert time.monotonic() - start < 30
     message = "rank 2 (component 'beta') failed in fail: ValueError: boom from the test"
@@ -93,7 +81,7 @@ def test_worker_exception_ends_job_with_one_message(tmp_path: Path) -> None:
 def test_hung_worker_call_times_out_naming_rank_and_method(tmp_path: Path) -> None:
     start = time.monotonic()
     result = rlinf(
-        "run", str(_probe_toml(tmp_path, "hanging_flow")), "--set", "job.call_timeout_s=2", timeout=60
+        "run", str(probe_toml(tmp_path, "hanging_flow")), "--set", "job.call_timeout_s=2", timeout=60
     )
     assert result.returncode != 0
     assert time.monotonic() - start < 30
@@ -134,36 +122,10 @@ def test_one_rank_in_place_is_a_user_error() -> None:
     assert "single rank" in result.stderr and "Traceback" not in result.output
 
 
-def _start(args: list[str]) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        args,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=job_env({"MPIEXEC_TIMEOUT": "90"}),
-        start_new_session=True,
-    )
-
-
-def _wait_for_pids(proc: subprocess.Popen[str]) -> tuple[list[int], list[str]]:
-    lines: list[str] = []
-    assert proc.stdout is not None
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        lines.append(line)
-        if line.startswith("PIDS "):
-            return [int(p) for p in line.split()[1:]], lines
-    os.killpg(proc.pid, signal.SIGKILL)
-    pytest.fail("job never printed its PIDS line:\n" + "".join(lines))
-
-
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_signal_ends_every_rank_cleanly(tmp_path: Path, signum: int, code: int) -> None:
-    proc = _start([str(BIN / "rlinf-hpc"), "run", str(_probe_toml(tmp_path, "signal_flow"))])
-    pids, lines = _wait_for_pids(proc)
+    proc = start_job([str(BIN / "rlinf-hpc"), "run", str(probe_toml(tmp_path, "signal_flow"))])
+    pids, lines = wait_for_pids(proc)
     assert len(pids) == 3
     proc.send_signal(signum)  # rlinf-hpc exec'd mpiexec, which forwards it to every rank
     try:
@@ -178,8 +140,8 @@ def test_signal_ends_every_rank_cleanly(tmp_path: Path, signum: int, code: int) 
 
 
 def test_signal_to_coordinator_alone_still_ends_job(tmp_path: Path) -> None:
-    proc = _start([str(BIN / "rlinf-hpc"), "run", str(_probe_toml(tmp_path, "signal_flow"))])
-    pids, lines = _wait_for_pids(proc)
+    proc = start_job([str(BIN / "rlinf-hpc"), "run", str(probe_toml(tmp_path, "signal_flow"))])
+    pids, lines = wait_for_pids(proc)
     os.kill(pids[0], signal.SIGTERM)
     try:
         out, _ = proc.communicate(timeout=30)
@@ -194,7 +156,7 @@ def test_signal_to_coordinator_alone_still_ends_job(tmp_path: Path) -> None:
 
 
 def test_repartition_moves_a_rank_and_frees_old_communicators(tmp_path: Path) -> None:
-    result = rlinf("run", str(_probe_toml(tmp_path, "repartition_flow", alpha=1, beta=3)))
+    result = rlinf("run", str(probe_toml(tmp_path, "repartition_flow", alpha=1, beta=3)))
     assert result.returncode == 0, result.output
     report = ast.literal_eval(_line(result.stdout, "REPARTITION "))
     assert report["placement"] == {"alpha": [1, 4], "beta": [2, 3]}
@@ -210,7 +172,7 @@ def test_repartition_moves_a_rank_and_frees_old_communicators(tmp_path: Path) ->
 
 
 def test_idle_four_rank_job_uses_under_ten_percent_cpu(tmp_path: Path) -> None:
-    result = rlinf("run", str(_probe_toml(tmp_path, "idle_flow", alpha=1, beta=2)))
+    result = rlinf("run", str(probe_toml(tmp_path, "idle_flow", alpha=1, beta=2)))
     assert result.returncode == 0, result.output
     fraction = float(_line(result.stdout, "IDLE_CPU_FRACTION "))
     assert fraction < 0.10, f"idle job used {fraction:.1%} of a core in total"
@@ -224,7 +186,7 @@ def test_info_describes_every_rank() -> None:
 
 
 def test_workers_talk_by_address_and_after_repartition(tmp_path: Path) -> None:
-    config = _probe_toml(tmp_path, "peer_flow", alpha=1, beta=3).read_text()
+    config = probe_toml(tmp_path, "peer_flow", alpha=1, beta=3).read_text()
     config = config.replace("job_workers:ProbeWorker", "job_workers:PeerWorker")
     path = tmp_path / "peer.toml"
     path.write_text(config)

@@ -11,6 +11,7 @@ import socket
 import sys
 import textwrap
 from collections.abc import Sequence
+from pathlib import Path
 
 from rlinf_hpc.errors import EXIT_USER_ERROR, UserError
 from rlinf_hpc.log import is_primary_rank
@@ -61,7 +62,11 @@ def _parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="override a config key, e.g. --set job.num_ranks=8 (repeatable)",
     )
-    run.add_argument("--run-dir", help="directory for this run's config, events and summary")
+    run.add_argument(
+        "--run-dir",
+        help="directory for this run's config, events, metrics, checkpoints and summary (default: a fresh "
+        "runs/JOB_NAME-YYYYmmdd-HHMMSS)",
+    )
     run.add_argument(
         "--resume",
         default="auto",
@@ -188,10 +193,15 @@ def _cmd_run(args: argparse.Namespace, argv: list[str]) -> int:
     if environment.needs_launch:
         from rlinf_hpc.cli.launch import launch_ranks
         from rlinf_hpc.config import load_config
+        from rlinf_hpc.runtime.rundir import RunDirectory, default_run_dir
 
         config = load_config(args.config, args.overrides)
         num_ranks = args.np or environment.slurm_num_tasks or config.job.num_ranks
         _precheck_placement(args.config, args.overrides, num_ranks)
+        if not args.run_dir:  # chosen here, so that every rank gets the same name
+            args.run_dir = str(default_run_dir(config.job.name))
+            argv = [*argv, "--run-dir", args.run_dir]
+        RunDirectory(Path(args.run_dir)).check_free(environment.slurm_job_id)  # before any rank starts
         launch_ranks(num_ranks, environment, argv)
     from rlinf_hpc.cluster.allocation import run_deferred_requeue
     from rlinf_hpc.runners.job import JobRequest, run_job

@@ -39,7 +39,18 @@ def check_model_dir(path: str) -> Path:
             f"model.path = '{path}' holds a {', '.join(architectures) or 'model without architectures'}, "
             "not a causal language model (an architecture ending in ForCausalLM)."
         )
+    weights = [p for pattern in WEIGHT_FILES for p in directory.glob(pattern)]
+    if not weights:
+        raise UserError(
+            f"model.path = '{path}' has a config.json but no weights ({', '.join(WEIGHT_FILES)}): "
+            "the download or copy is incomplete. Fetch the weights into the directory, or point "
+            "model.path at a complete one."
+        )
     return directory
+
+
+#: Weight files a Hugging Face model directory holds (one of them, or shards with an index).
+WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin", "model.safetensors.index.json")
 
 
 def tiny_qwen2(config: ModelConfig, tokenizer: Tokenizer, seed: int) -> Any:

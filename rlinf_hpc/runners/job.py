@@ -7,7 +7,6 @@ and broadcasts it (workers never parse files), every rank describes itself to ra
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ from rlinf_hpc.runtime.checkpoint.manager import CheckpointManager
 from rlinf_hpc.runtime.checkpoint.state import seed_process
 from rlinf_hpc.runtime.console import print_table
 from rlinf_hpc.runtime.events import EventLog
+from rlinf_hpc.runtime.rundir import RunDirectory, default_run_dir
 from rlinf_hpc.runtime.signals import install_signal_handlers
 from rlinf_hpc.runtime.timeline import Timeline, write_spans
 from rlinf_hpc.scheduler import Coordinator, placement_rows
@@ -47,12 +47,19 @@ class JobRequest:
     force_resume: bool = False
 
 
-def _load_on_coordinator(control: ControlPlane, request: JobRequest) -> Config:
-    """Rank 0 parses the config and broadcasts it (or the error) to every rank."""
+def _load_on_coordinator(
+    control: ControlPlane, request: JobRequest, job_id: str | None
+) -> tuple[Config, RunDirectory | None]:
+    """Rank 0 parses the config, checks and takes the run directory, and broadcasts the config
+    (or the error) to every rank: a bad input stops the job before any rank works."""
     payload: dict[str, Any]
+    run_dir: RunDirectory | None = None
     if control.rank == 0:
         try:
             config = load_config(request.config_path, request.overrides)
+            path = Path(request.run_dir) if request.run_dir else default_run_dir(config.job.name)
+            run_dir = RunDirectory(path)
+            run_dir.open(job_id)
             payload = {"config": config.model_dump(mode="json")}
         except UserError as exc:
             payload = {"error": str(exc)}
@@ -61,7 +68,7 @@ def _load_on_coordinator(control: ControlPlane, request: JobRequest) -> Config:
     payload = control.broadcast_from_coordinator(payload)
     if "error" in payload:
         raise UserError(payload["error"])
-    return Config.model_validate(payload["config"])
+    return Config.model_validate(payload["config"]), run_dir
 
 
 def run_job(request: JobRequest) -> int:
@@ -74,7 +81,7 @@ def run_job(request: JobRequest) -> int:
     # join one MPI world, every task is MPI rank 0 and only launcher rank 0 should speak.
     environment.check_against_mpi(control.rank, control.size)
     setup_logging(control.rank, "coord" if control.rank == 0 else "worker")
-    config = _load_on_coordinator(control, request)
+    config, run_dir = _load_on_coordinator(control, request, environment.slurm_job_id)
     setup_logging(control.rank, "coord" if control.rank == 0 else "worker", config.job.log_level)
     seed_process(config.job.seed, control.rank)
     infos = control.gather_to_coordinator(local_rank_info(control.rank, environment))
@@ -82,8 +89,11 @@ def run_job(request: JobRequest) -> int:
     attach_channels(comm)  # channels follow every placement change from the first one on
     if control.rank != 0:
         return WorkerService(control, comm, config).serve()
-    assert infos is not None
-    return _coordinate(config, control, comm, infos, environment, request)
+    assert infos is not None and run_dir is not None
+    try:
+        return _coordinate(config, control, comm, infos, environment, request, run_dir)
+    finally:
+        run_dir.close()
 
 
 def _coordinate(
@@ -93,10 +103,11 @@ def _coordinate(
     infos: list[Any],
     environment: JobEnvironment,
     request: JobRequest,
+    directory: RunDirectory,
 ) -> int:
     started = time.monotonic()
-    run_dir = Path(request.run_dir) if request.run_dir else None
-    events = EventLog(run_dir / "events.jsonl" if run_dir else None, rank=0)
+    run_dir = directory.path
+    events = EventLog(run_dir / "events.jsonl", rank=0, run_id=directory.run_id)
     slots = build_topology(infos)
     timeline = Timeline(0)
     comm.span_hook = timeline.add
@@ -121,7 +132,8 @@ def _coordinate(
     )
     if request.requested_ranks and request.requested_ranks != control.size:
         log.warning("--np %d ignored: the launcher started %d ranks", request.requested_ranks, control.size)
-    outcome = "failed"
+    outcome, culprit = "failed", None
+    summary: dict[str, Any] | None = None  # this run's, once it knows how it ended
     try:
         flow = _prepare(config, run_dir)
         checkpoints.open()
@@ -140,44 +152,49 @@ def _coordinate(
         coordinator.shutdown(0, "flow finished")
         outcome = "ok"
         log.info("job '%s' finished in %.1f s", config.job.name, time.monotonic() - started)
-        _write_summary(run_dir, outcome, started, result)
+        summary = _summary(outcome, started, result)
         return 0
     except CheckpointStop as exc:
         outcome = "checkpointed"
         coordinator.shutdown(0, f"checkpointed step {exc.step}")
-        _write_summary(run_dir, outcome, started, {"stopped_after_step": exc.step, "reason": exc.reason})
+        summary = _summary(outcome, started, {"stopped_after_step": exc.step, "reason": exc.reason})
         return checkpoints.exit_code_after_stop(exc)
     except JobInterrupted as exc:
         outcome = exc.signal_name
         log.warning("received %s: stopping every rank", exc.signal_name)
         coordinator.shutdown(exc.exit_code, exc.signal_name, timeout=5.0)
         return exc.exit_code
-    except UserError:
+    except UserError as exc:
+        outcome, culprit = "configuration error", {"rank": 0, "component": "coordinator", "error": str(exc)}
         coordinator.shutdown(2, "configuration error")
         raise
     except WorkerError as exc:
+        culprit = {"rank": exc.rank, "component": exc.component, "error": exc.error}
         if not exc.error.startswith("UserError: "):
             return _fail(coordinator, exc)
         # a worker refused its input (options, files): a user error, reported as one
+        outcome = "configuration error"
         coordinator.shutdown(2, "configuration error")
         raise UserError(
             f"{exc.error.removeprefix('UserError: ')} (rank {exc.rank}, component '{exc.component}')"
         ) from None
     except Exception as exc:  # noqa: BLE001 - report once, stop every rank, exit non-zero
+        culprit = culprit_of(exc)
         return _fail(coordinator, exc)
     finally:
         checkpoints.close()
-        events.write("end", outcome=outcome, wall_seconds=round(time.monotonic() - started, 3))
+        wall = round(time.monotonic() - started, 3)
+        events.write("end", outcome=outcome, wall_seconds=wall, culprit=culprit)
         events.close()
-        if run_dir is not None and run_dir.is_dir():
-            write_spans(timeline.drain() + coordinator.worker_spans, run_dir / "timeline.jsonl")
+        if summary is None:  # it did not finish: say so, never leave an earlier run's summary
+            summary = {"outcome": outcome, "interrupted": True, "wall_seconds": wall, "culprit": culprit}
+        directory.write_summary(summary)
+        write_spans(timeline.drain() + coordinator.worker_spans, run_dir / "timeline.jsonl")
 
 
-def _prepare(config: Config, run_dir: Path | None) -> Any:
+def _prepare(config: Config, run_dir: Path) -> Any:
     """Before any worker does anything: keep the resolved config, check every import path."""
-    if run_dir:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.toml").write_text(config_to_toml(config), encoding="utf-8")
+    (run_dir / "config.toml").write_text(config_to_toml(config), encoding="utf-8")
     flow = resolve_flow(config.flow.runner)
     validate = getattr(flow, "validate", None)  # a flow's own input checks (files, models, ...)
     if callable(validate):
@@ -201,9 +218,7 @@ def _fail(coordinator: Coordinator, exc: Exception) -> int:
     return 1
 
 
-def _write_summary(run_dir: Path | None, outcome: str, started: float, result: Any) -> None:
-    if run_dir is None:
-        return
+def _summary(outcome: str, started: float, result: Any) -> dict[str, Any]:
     summary = {
         "outcome": outcome,
         "wall_seconds": round(time.monotonic() - started, 3),
@@ -211,9 +226,16 @@ def _write_summary(run_dir: Path | None, outcome: str, started: float, result: A
     }
     if isinstance(result, dict) and isinstance(result.get("summary"), dict):
         summary = {**result["summary"], **summary}  # the flow's headline figures on top
-    tmp = run_dir / "summary.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=2, default=str), encoding="utf-8")
-    tmp.replace(run_dir / "summary.json")
+    return summary
+
+
+def culprit_of(exc: BaseException) -> dict[str, Any]:
+    """Who failed, for the ``end`` event and the summary."""
+    if isinstance(exc, WorkerError):
+        return {"rank": exc.rank, "component": exc.component, "error": exc.error}
+    if isinstance(exc, CommTimeoutError):
+        return {"rank": None, "component": None, "error": str(exc)}
+    return {"rank": 0, "component": "coordinator", "error": f"{type(exc).__name__}: {exc}"}
 
 
 def describe_failure(exc: BaseException) -> str:

@@ -10,6 +10,7 @@ per step), ``progress.png`` and the summary's headline figures.
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,25 @@ def validate(config: Config) -> None:
         require_tensorboard()
     make_task(config.task, config.job.seed)  # reads and checks JSONL files
     check_teacher(config.sft, config.task)
+    check_cache_dir(config.sft.cache_dir)
+
+
+def check_cache_dir(cache_dir: str) -> None:
+    """Warn up front (not after training) when the warm-start cache cannot be written."""
+    if not cache_dir:
+        return
+    path = Path(cache_dir).expanduser()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        log.warning(
+            "sft.cache_dir '%s' cannot be written (%s): the warm start will be trained but not "
+            "cached (set sft.cache_dir to a writable directory, or to \"\" to turn caching off)",
+            cache_dir, exc.strerror or exc,
+        )  # fmt: skip
 
 
 def check_inputs(coordinator: Coordinator) -> Any:

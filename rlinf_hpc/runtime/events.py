@@ -9,11 +9,13 @@ from typing import Any
 
 
 class EventLog:
-    """Append events to ``path`` (``events.jsonl`` in the run directory); a no-op without one."""
+    """Append events to ``path`` (``events.jsonl`` in the run directory; every line carries the
+    run id, as a reused directory holds several runs); a no-op without one."""
 
-    def __init__(self, path: Path | None, rank: int) -> None:
+    def __init__(self, path: Path | None, rank: int, run_id: str | None = None) -> None:
         self.path = path
         self.rank = rank
+        self.run_id = run_id
         self._file = None
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -24,6 +26,8 @@ class EventLog:
         if self._file is None:
             return
         record = {"time": round(time.time(), 6), "rank": self.rank, "event": event, **fields}
+        if self.run_id is not None:
+            record["run_id"] = self.run_id
         self._file.write(json.dumps(record, default=str) + "\n")
         self._file.flush()
 

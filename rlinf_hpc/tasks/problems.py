@@ -112,31 +112,38 @@ def load_jsonl_problems(path: str | Path, what: str) -> list[Problem]:
     if not file.is_file():
         raise UserError(f"{what} = '{path}' is not a file. Give the path of a JSONL file of problems.")
     problems = []
-    with file.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise UserError(
-                    f"{file}:{number}: not valid JSON ({exc.msg}); each line must be one object."
-                ) from None
-            missing = [k for k in ("question", "answer") if not isinstance(record, dict) or k not in record]
-            if missing:
-                raise UserError(
-                    f"{file}:{number}: the record has no {' and no '.join(repr(m) for m in missing)} field; "
-                    'each line needs {"question": "...", "answer": "... #### <number>"}.'
-                )
-            raw = str(record["answer"])
-            match = _FINAL.search(raw)
-            answer = normalize_number(match.group(1) if match else raw)
-            if answer is None:
-                raise UserError(
-                    f"{file}:{number}: the answer {raw[-40:]!r} does not end in '#### <number>'; "
-                    "the verifier needs a final numeric answer."
-                )
-            problems.append(Problem(len(problems), str(record["question"]).strip(), answer))
+    try:
+        lines = file.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        bad_line = file.read_bytes()[: exc.start].count(b"\n") + 1
+        raise UserError(
+            f"{file}:{bad_line}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}); "
+            "save the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8`)."
+        ) from None
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise UserError(
+                f"{file}:{number}: not valid JSON ({exc.msg}); each line must be one object."
+            ) from None
+        missing = [k for k in ("question", "answer") if not isinstance(record, dict) or k not in record]
+        if missing:
+            raise UserError(
+                f"{file}:{number}: the record has no {' and no '.join(repr(m) for m in missing)} field; "
+                'each line needs {"question": "...", "answer": "... #### <number>"}.'
+            )
+        raw = str(record["answer"])
+        match = _FINAL.search(raw)
+        answer = normalize_number(match.group(1) if match else raw)
+        if answer is None:
+            raise UserError(
+                f"{file}:{number}: the answer {raw[-40:]!r} does not end in '#### <number>'; "
+                "the verifier needs a final numeric answer."
+            )
+        problems.append(Problem(len(problems), str(record["question"]).strip(), answer))
     if not problems:
         raise UserError(f"{what} = '{path}' holds no problems.")
     return problems

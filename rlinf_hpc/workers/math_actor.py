@@ -155,10 +155,15 @@ class ActorWorker(PolicyWorker):
                 self.log.info("warm start step %d/%d: loss %.3f", step + 1, sft.steps, loss_value)
         self._start_rl()
         if cache is not None and self.group_rank == 0:
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cache.with_suffix(".tmp")
-            torch.save(self.model.state_dict(), tmp)
-            tmp.replace(cache)
+            try:
+                cache.parent.mkdir(parents=True, exist_ok=True)
+                tmp = cache.with_suffix(".tmp")
+                torch.save(self.model.state_dict(), tmp)
+                tmp.replace(cache)
+            except OSError as exc:  # a cache is a convenience: the trained weights are in hand
+                self.log.warning(
+                    "could not write the warm-start cache %s (%s): continuing without it", cache, exc
+                )
         return {
             "cached": False,
             "seconds": time.monotonic() - started,

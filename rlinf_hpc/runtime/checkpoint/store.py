@@ -14,7 +14,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from rlinf_hpc import __version__
 from rlinf_hpc.errors import UserError
 from rlinf_hpc.log import get_logger
 from rlinf_hpc.runtime.checkpoint.files import file_digest, fsync_path, write_durable
+from rlinf_hpc.runtime.ownership import DirectoryLock
 
 log = get_logger("checkpoint")
 
@@ -133,6 +133,7 @@ class CheckpointStore:
         self.root = root
         self.keep = keep
         self._deleting: list[threading.Thread] = []
+        self._lock: DirectoryLock | None = None
 
     # -- ownership ---------------------------------------------------------------------------
     def acquire(self, job_id: str | None) -> None:
@@ -150,34 +151,18 @@ class CheckpointStore:
                 "would fail at its first save. Point checkpoint.dir (or --run-dir) at a writable "
                 "directory, or set checkpoint.enabled = false."
             ) from None
-        lock = self.root / "LOCK"
-        owner = {"job_id": job_id, "host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}
-        if lock.exists():
-            try:
-                held = json.loads(lock.read_text(encoding="utf-8"))
-            except (OSError, json.JSONDecodeError):
-                held = {}
-            if _lock_is_live(held, job_id):
-                raise UserError(
-                    f"checkpoint directory '{self.root}' belongs to another running job (SLURM job "
-                    f"{held.get('job_id') or '-'}, host {held.get('host')}, pid {held.get('pid')}): two "
-                    "jobs writing one directory would overwrite each other's checkpoints. Give this "
-                    f"run its own --run-dir or checkpoint.dir, or delete {lock} if that job is gone."
-                )
-            log.info("taking over the checkpoint lock of a finished run (%s)", held)
-        tmp = lock.with_suffix(".tmp")
-        tmp.write_text(json.dumps(owner), encoding="utf-8")
-        tmp.replace(lock)
+        self._lock = DirectoryLock(
+            self.root / "LOCK",
+            f"checkpoint directory '{self.root}'",
+            "Give this run its own --run-dir or checkpoint.dir.",
+        )
+        self._lock.acquire(job_id)
 
     def release(self) -> None:
         for thread in self._deleting:
             thread.join()
-        lock = self.root / "LOCK"
-        try:
-            if json.loads(lock.read_text(encoding="utf-8")).get("pid") == os.getpid():
-                lock.unlink()
-        except (OSError, json.JSONDecodeError):
-            pass
+        if self._lock is not None:
+            self._lock.release()
 
     # -- writing -----------------------------------------------------------------------------
     def staging(self, step: int) -> Path:
@@ -244,32 +229,3 @@ class CheckpointStore:
         for path in self.root.glob("step-*.tmp"):
             log.warning("skipping checkpoint %s: a save that did not finish", path)
         return None
-
-
-def _lock_is_live(held: dict[str, Any], job_id: str | None) -> bool:
-    if not held:
-        return False
-    if job_id is not None and held.get("job_id") == job_id:
-        return False  # an earlier run of this same SLURM job (requeued): it is gone
-    if held.get("host") == socket.gethostname():
-        pid = held.get("pid")
-        if not isinstance(pid, int):
-            return False
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return _pid_started_before(pid, held.get("since"))
-    return True  # another host: its process cannot be checked from here
-
-
-def _pid_started_before(pid: int, since: Any) -> bool:
-    """Whether process ``pid`` is the lock's owner (not a later process that reused the pid)."""
-    try:
-        import psutil
-
-        return psutil.Process(pid).create_time() <= float(since) + 1.0
-    except Exception:  # noqa: BLE001 - unknown: assume it is the owner
-        return True

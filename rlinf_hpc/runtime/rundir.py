@@ -1,0 +1,102 @@
+"""The run directory: chosen, checked and owned before any rank starts work.
+
+Without ``--run-dir`` a job writes to a fresh ``runs/<job.name>-<YYYYmmdd-HHMMSS>`` (results are
+never lost to a missing flag). The directory must be a directory (not a file, not under one) and
+writable; a ``RUN.lock`` (`DirectoryLock`) keeps a second live job out. Each run has a run id,
+on every event line and in ``summary.json``, which is replaced at the start of every run
+(``outcome = "running"``) and rewritten at its end however it ends (``interrupted`` when it
+did not finish) — never a previous run's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import time
+from pathlib import Path
+from typing import Any
+
+from rlinf_hpc.errors import UserError
+from rlinf_hpc.runtime.ownership import DirectoryLock
+
+LOCK_NAME = "RUN.lock"
+
+
+def default_run_dir(job_name: str, now: float | None = None) -> Path:
+    """``runs/<job name>-<local time>`` (the name made safe for a path)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "-", job_name).strip("-") or "job"
+    path = Path("runs") / f"{safe}-{stamp}"
+    n = 1
+    while path.exists():  # two runs started within a second
+        n += 1
+        path = Path("runs") / f"{safe}-{stamp}-{n}"
+    return path
+
+
+def new_run_id() -> str:
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+
+
+def check_run_dir(path: Path, flag: str = "--run-dir") -> Path:
+    """Create ``path`` if needed and prove it writable; `UserError` (what, why, fix) if not."""
+    if path.exists() and not path.is_dir():
+        raise UserError(
+            f"{flag} '{path}' is a file, not a directory: the job keeps its config, events, "
+            "metrics and checkpoints in a directory. Give a directory path (it is created if "
+            "missing), or move the file away."
+        )
+    ancestor = path
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise UserError(
+            f"{flag} '{path}' lies under '{ancestor}', which is a file, so the directory cannot be "
+            "created. Choose a path whose parents are directories."
+        )
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise UserError(
+            f"{flag} '{path}' cannot be written ({exc.strerror or exc}): the job would lose its "
+            "results. Give a writable directory (check permissions, quota, a read-only mount)."
+        ) from None
+    return path
+
+
+class RunDirectory:
+    """One run's directory: checked, locked, and its ``summary.json`` kept current."""
+
+    def __init__(self, path: Path, run_id: str | None = None) -> None:
+        self.path = path
+        self.run_id = run_id or new_run_id()
+        self._lock = DirectoryLock(
+            path / LOCK_NAME,
+            f"run directory '{path}'",
+            "Give this run its own --run-dir (or leave the flag out for a fresh one).",
+        )
+
+    def check_free(self, job_id: str | None) -> None:
+        """`UserError` if the directory is unusable or a live job holds it (takes nothing)."""
+        check_run_dir(self.path)
+        self._lock.refuse_if_held(job_id)
+
+    def open(self, job_id: str | None) -> None:
+        """Check, lock, and replace any earlier run's summary with this run's "running" one."""
+        check_run_dir(self.path)
+        self._lock.acquire(job_id, self.run_id)
+        self.write_summary({"outcome": "running", "started": time.time()})
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        record = {"run_id": self.run_id, **summary}
+        tmp = self.path / "summary.json.tmp"
+        tmp.write_text(json.dumps(record, indent=2, default=str), encoding="utf-8")
+        tmp.replace(self.path / "summary.json")
+
+    def close(self) -> None:
+        self._lock.release()
