@@ -14,6 +14,7 @@ from pydantic import Field, field_validator, model_validator
 from rlinf_hpc.config.checkpoint import CheckpointConfig
 from rlinf_hpc.config.rl import GRPOConfig, ModelConfig, SFTConfig, TaskConfig
 from rlinf_hpc.config.section import Section as _Section
+from rlinf_hpc.config.watchdog import WatchdogConfig
 
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _COMPONENT_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
@@ -273,11 +274,14 @@ class Config(_Section):
     checkpoint: CheckpointConfig = Field(
         default_factory=CheckpointConfig, description="Checkpoint-restart of long jobs."
     )
+    watchdog: WatchdogConfig = Field(
+        default_factory=WatchdogConfig, description="Heartbeats: stopped and dead ranks named."
+    )
     hello: HelloConfig = Field(default_factory=HelloConfig, description="The built-in hello flow.")
     task: TaskConfig = Field(default_factory=TaskConfig, description="RL jobs: problems and verifier.")
     model: ModelConfig = Field(default_factory=ModelConfig, description="RL jobs: the policy model.")
     sft: SFTConfig = Field(default_factory=SFTConfig, description="RL jobs: supervised warm start.")
-    grpo: GRPOConfig = Field(default_factory=GRPOConfig, description="RL jobs: the GRPO loop.")
+    grpo: GRPOConfig = Field(default_factory=GRPOConfig, description="RL jobs: the GRPO/PPO loop.")
 
     @field_validator("components")
     @classmethod

@@ -16,6 +16,7 @@ from rlinf_hpc.channel import attach_channels, resolve_policy
 from rlinf_hpc.cluster import JobEnvironment, build_topology, detect_environment, local_rank_info
 from rlinf_hpc.cluster.allocation import read_allocation
 from rlinf_hpc.comm import CommOptions, ControlPlane, DataPlane, library_version
+from rlinf_hpc.comm.mpi import abort
 from rlinf_hpc.config import Config, config_to_toml, load_config
 from rlinf_hpc.errors import CheckpointStop, CommTimeoutError, JobInterrupted, UserError, WorkerError
 from rlinf_hpc.log import get_logger, setup_logging
@@ -27,6 +28,7 @@ from rlinf_hpc.runtime.events import EventLog
 from rlinf_hpc.runtime.rundir import RunDirectory, default_run_dir
 from rlinf_hpc.runtime.signals import install_signal_handlers
 from rlinf_hpc.runtime.timeline import Timeline, write_spans
+from rlinf_hpc.runtime.watchdog import Heartbeat, Watchdog
 from rlinf_hpc.scheduler import Coordinator, placement_rows
 from rlinf_hpc.workers import WorkerService, resolve_worker_class
 
@@ -49,7 +51,7 @@ class JobRequest:
 
 def _load_on_coordinator(
     control: ControlPlane, request: JobRequest, job_id: str | None
-) -> tuple[Config, RunDirectory | None]:
+) -> tuple[Config, RunDirectory | None, Path]:
     """Rank 0 parses the config, checks and takes the run directory, and broadcasts the config
     (or the error) to every rank: a bad input stops the job before any rank works."""
     payload: dict[str, Any]
@@ -60,7 +62,7 @@ def _load_on_coordinator(
             path = Path(request.run_dir) if request.run_dir else default_run_dir(config.job.name)
             run_dir = RunDirectory(path)
             run_dir.open(job_id)
-            payload = {"config": config.model_dump(mode="json")}
+            payload = {"config": config.model_dump(mode="json"), "run_dir": str(path)}
         except UserError as exc:
             payload = {"error": str(exc)}
     else:
@@ -68,7 +70,7 @@ def _load_on_coordinator(
     payload = control.broadcast_from_coordinator(payload)
     if "error" in payload:
         raise UserError(payload["error"])
-    return Config.model_validate(payload["config"]), run_dir
+    return Config.model_validate(payload["config"]), run_dir, Path(payload["run_dir"])
 
 
 def run_job(request: JobRequest) -> int:
@@ -81,19 +83,27 @@ def run_job(request: JobRequest) -> int:
     # join one MPI world, every task is MPI rank 0 and only launcher rank 0 should speak.
     environment.check_against_mpi(control.rank, control.size)
     setup_logging(control.rank, "coord" if control.rank == 0 else "worker")
-    config, run_dir = _load_on_coordinator(control, request, environment.slurm_job_id)
+    config, run_dir, run_path = _load_on_coordinator(control, request, environment.slurm_job_id)
     setup_logging(control.rank, "coord" if control.rank == 0 else "worker", config.job.log_level)
     seed_process(config.job.seed, control.rank)
     infos = control.gather_to_coordinator(local_rank_info(control.rank, environment))
     comm = DataPlane(options=CommOptions(verify=config.comm.verify))  # collective: every rank, same order
     attach_channels(comm)  # channels follow every placement change from the first one on
-    if control.rank != 0:
-        return WorkerService(control, comm, config).serve()
-    assert infos is not None and run_dir is not None
+    watch = config.watchdog
+    heartbeat = (
+        Heartbeat(run_path, control.rank, watch.heartbeat_s, watch.hang_timeout_s) if watch.enabled else None
+    )
     try:
-        return _coordinate(config, control, comm, infos, environment, request, run_dir)
+        if control.rank != 0:
+            return WorkerService(control, comm, config, heartbeat).serve()
+        assert infos is not None and run_dir is not None
+        try:
+            return _coordinate(config, control, comm, infos, environment, request, run_dir)
+        finally:
+            run_dir.close()
     finally:
-        run_dir.close()
+        if heartbeat is not None:
+            heartbeat.close()
 
 
 def _coordinate(
@@ -113,6 +123,7 @@ def _coordinate(
     comm.span_hook = timeline.add
     coordinator = Coordinator(config, control, slots, comm, recorder=events.write)
     coordinator.run_dir = run_dir
+    watchdog = _start_watchdog(config, control.size, directory, events, started)
     checkpoints = CheckpointManager(
         config,
         run_dir,
@@ -182,6 +193,8 @@ def _coordinate(
         culprit = culprit_of(exc)
         return _fail(coordinator, exc)
     finally:
+        if watchdog is not None:
+            watchdog.close()
         checkpoints.close()
         wall = round(time.monotonic() - started, 3)
         events.write("end", outcome=outcome, wall_seconds=wall, culprit=culprit)
@@ -190,6 +203,32 @@ def _coordinate(
             summary = {"outcome": outcome, "interrupted": True, "wall_seconds": wall, "culprit": culprit}
         directory.write_summary(summary)
         write_spans(timeline.drain() + coordinator.worker_spans, run_dir / "timeline.jsonl")
+
+
+def _start_watchdog(
+    config: Config, world_size: int, directory: RunDirectory, events: EventLog, started: float
+) -> Watchdog | None:
+    """Rank 0's watch over every rank's heartbeat; a stopped or dead rank ends the job, named."""
+    watch = config.watchdog
+    if not watch.enabled or world_size < 2:
+        return None
+
+    def on_fatal(message: str, culprit: dict[str, Any]) -> None:
+        log.error("job failed: %s", message)
+        wall = round(time.monotonic() - started, 3)
+        outcome = f"rank {culprit['error']}"
+        try:
+            events.write("end", outcome=outcome, wall_seconds=wall, culprit=culprit)
+            directory.write_summary(
+                {"outcome": outcome, "interrupted": True, "wall_seconds": wall, "culprit": culprit}
+            )
+        except Exception:  # noqa: BLE001 - the job must end whatever the disk says
+            log.exception("could not record the failure in the run directory")
+        abort(1)  # the main thread may be waiting on the lost rank: end every rank from here
+
+    return Watchdog(
+        directory.path, world_size, watch.hang_timeout_s, watch.heartbeat_s, watch.action, on_fatal
+    )
 
 
 def _prepare(config: Config, run_dir: Path) -> Any:

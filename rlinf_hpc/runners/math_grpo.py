@@ -96,12 +96,13 @@ def check_inputs(coordinator: Coordinator) -> Any:
     return task
 
 
-def sync_weights(coordinator: Coordinator, also: tuple[str, ...] = ()) -> dict[str, float]:
-    """Actor group rank 0 -> every rollout and inference rank (and the components in
-    ``also``: the critic takes the warm-started weights once); returns seconds and bytes."""
+def sync_weights(
+    coordinator: Coordinator, names: tuple[str, ...] = ("rollout", "inference")
+) -> dict[str, float]:
+    """Actor group rank 0 -> every rank of ``names`` (rollout and inference each step; the
+    critic once, for its warm-started start); returns seconds and bytes."""
     placement = coordinator.placement
     source = placement.ranks_of("actor")[0]
-    names = ("rollout", "inference", *also)
     targets = [(rank, name) for name in names for rank in placement.ranks_of(name)]
     started = time.monotonic()
     push = coordinator.group("actor").subset([0]).call("push_weights", targets)
@@ -130,7 +131,9 @@ def _warm_start(coordinator: Coordinator, eval_set: list[Any]) -> tuple[dict[str
         "warm start %s in %.1f s%s", "loaded from cache" if warm["cached"] else "trained", warm["seconds"],
         f" (final loss {warm['loss']:.3f})" if warm["loss"] is not None else "",
     )  # fmt: skip
-    sync_weights(coordinator, ("critic",) if "critic" in coordinator.placement.groups else ())
+    sync_weights(coordinator)
+    if "critic" in coordinator.placement.groups:  # its own sync: the critic starts from the policy
+        sync_weights(coordinator, ("critic",))
     coordinator.group("inference").call("set_reference").result()
     accuracy = evaluate(coordinator, eval_set)["accuracy"]
     log.info("held-out accuracy after warm start: %.1f%% (%d problems)", 100 * accuracy, len(eval_set))

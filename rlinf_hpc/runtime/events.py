@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ class EventLog:
         self.rank = rank
         self.run_id = run_id
         self._file = None
+        self._lock = threading.Lock()  # the watchdog thread writes too
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._file = path.open("a", encoding="utf-8")
@@ -28,10 +30,13 @@ class EventLog:
         record = {"time": round(time.time(), 6), "rank": self.rank, "event": event, **fields}
         if self.run_id is not None:
             record["run_id"] = self.run_id
-        self._file.write(json.dumps(record, default=str) + "\n")
-        self._file.flush()
+        with self._lock:
+            if self._file is not None:
+                self._file.write(json.dumps(record, default=str) + "\n")
+                self._file.flush()
 
     def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None

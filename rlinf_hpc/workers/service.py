@@ -47,7 +47,10 @@ def _user_traceback(exc: BaseException) -> str:
 class WorkerService:
     """The components hosted by one worker rank, and the command loop that drives them."""
 
-    def __init__(self, control: ControlPlane, comm: DataPlane, config: Config | None = None) -> None:
+    def __init__(
+        self, control: ControlPlane, comm: DataPlane, config: Config | None = None, heartbeat: Any = None
+    ) -> None:
+        self.heartbeat = heartbeat  # `Heartbeat`: what this rank is doing, for the watchdog
         self.config = config
         self.control = control
         self.comm = comm
@@ -134,11 +137,15 @@ class WorkerService:
         ]
         name = command.method if isinstance(command, Call) else type(command).__name__.lower()
         lane = command.component if command.component != "-" else "service"
+        if self.heartbeat is not None:
+            self.heartbeat.doing(f"{lane}.{name}", self._roles())
         try:
             with self.timeline.span(
                 f"{lane}.{name}", "call" if isinstance(command, Call) else "control", lane
             ):
                 value = handler(command)  # type: ignore[operator]
+            if self.heartbeat is not None:
+                self.heartbeat.doing(None, self._roles())
             return Reply(command.call_id, self.rank, command.component, True, value)
         except JobInterrupted:
             raise

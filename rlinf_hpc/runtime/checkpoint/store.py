@@ -36,8 +36,8 @@ _STEP_DIR = re.compile(r"^step-(\d+)$")
 #: Config keys that may change between a run and its resume without harm (rank counts are
 #: checked against the checkpoint's world layout instead: replicated state loads on any).
 RESUMABLE_KEYS = (
-    "checkpoint.", "job.log_level", "job.call_timeout_s", "job.shutdown_timeout_s", "job.num_ranks",
-    "comm.verify", "grpo.steps", "grpo.eval_every", "grpo.tensorboard",
+    "checkpoint.", "watchdog.", "job.log_level", "job.call_timeout_s", "job.shutdown_timeout_s",
+    "job.num_ranks", "comm.verify", "grpo.steps", "grpo.eval_every", "grpo.tensorboard",
     "components.*.num_ranks", "components.*.ranks",
 )  # fmt: skip
 #: Keys no resume may change, not even a forced one: the state would not fit or not mean the same.

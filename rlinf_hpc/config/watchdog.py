@@ -1,0 +1,35 @@
+"""[watchdog]: heartbeats on every rank and the coordinator's watch over them."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from rlinf_hpc.config.section import Section as _Section
+
+
+class WatchdogConfig(_Section):
+    """[watchdog]: notice a rank that stopped (SIGSTOP, a frozen process) or died, name it,
+    dump every rank's Python stack into RUN_DIR/stacks/, and end the job."""
+
+    enabled: bool = Field(True, description="Heartbeats and the watch (a sleeping thread per rank).")
+    heartbeat_s: float = Field(2.0, gt=0, le=60, description="Seconds between a rank's heartbeats.")
+    hang_timeout_s: float = Field(
+        120.0,
+        gt=0,
+        description="A rank whose heartbeat is this old is reported (liveness: a long call still "
+        "beats, so this is no limit on how long a call may take).",
+    )
+    action: Literal["abort", "warn"] = Field(
+        "abort", description="`abort`: name the rank, dump stacks, end the job; `warn`: log it once."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> WatchdogConfig:
+        if self.hang_timeout_s < 3 * self.heartbeat_s:
+            raise ValueError(
+                f"watchdog.hang_timeout_s ({self.hang_timeout_s}) must be at least 3 x "
+                f"watchdog.heartbeat_s ({self.heartbeat_s}), or a busy box would raise false alarms"
+            )
+        return self

@@ -1,0 +1,314 @@
+"""Heartbeats on every rank, and rank 0's watch over them: a rank that stopped or died is named.
+
+Every rank runs a `Heartbeat` thread (it sleeps between beats: no busy-waiting) that writes
+``RUN_DIR/heartbeats/rank-N.json`` every ``heartbeat_s``: pid, host, the components it serves,
+and what its main thread is doing (the method and since when). A long call keeps beating — the
+thread is not the main thread — so the watch checks liveness, not call length.
+
+Rank 0's `Watchdog` thread reads them. A rank whose heartbeat is older than ``hang_timeout_s``
+(SIGSTOP, a frozen process, a node gone) or whose process vanished (this host only: its pid
+is gone) is reported with its rank, components, host and activity; every rank's Python stack
+goes to ``RUN_DIR/stacks/`` first — live ranks dump their own (`faulthandler`, from the
+heartbeat thread, so a main thread stuck in MPI still answers); a stopped one on this host is
+read from outside with py-spy when that works (``rank-N.py-spy.txt``), else it is sent SIGCONT
+so that it dumps its own. Then the job's ``on_fatal`` ends it.
+
+Heartbeats travel through the run directory, so a multi-node job needs the run directory on
+a shared filesystem; ranks whose heartbeats rank 0 never sees are reported once and not watched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rlinf_hpc.log import get_logger
+
+log = get_logger("watchdog")
+
+HEARTBEATS = "heartbeats"
+STACKS = "stacks"
+DUMP_REQUEST = "DUMP"
+
+
+class Heartbeat:
+    """This rank's heartbeat thread; `doing` records what the main thread is busy with."""
+
+    def __init__(self, run_dir: Path, rank: int, interval: float, hang_timeout_s: float = 120.0) -> None:
+        self.run_dir = run_dir
+        self.hang_timeout_s = hang_timeout_s
+        self.dir = run_dir / HEARTBEATS
+        self.stacks = run_dir / STACKS
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.rank = rank
+        self.interval = interval
+        self.roles = "coordinator" if rank == 0 else ""
+        self.activity, self.since = "starting", time.time()
+        self._dumped: str | None = None
+        self._stop = threading.Event()
+        self._write_lock = threading.Lock()  # the main thread beats too, on a new component
+        self._beat()
+        self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
+        self._thread.start()
+
+    def doing(self, activity: str | None, roles: str | None = None) -> None:
+        self.activity, self.since = activity or "idle", time.time()
+        if roles is not None and roles != self.roles:
+            self.roles = roles
+            with contextlib.suppress(OSError):
+                self._beat()  # a new component: say so now, not at the next beat
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self._beat()
+                self._answer_dump_request()
+                if self.rank != 0:
+                    self._watch_coordinator()
+            except OSError as exc:  # a full or vanished run directory: say so once, stop beating
+                log.warning("heartbeat of rank %d stopped: %s", self.rank, exc)
+                return
+
+    def _beat(self, left: bool = False) -> None:
+        record = {
+            "rank": self.rank, "pid": os.getpid(), "host": socket.gethostname(), "time": time.time(),
+            "roles": self.roles, "activity": self.activity, "since": self.since, "left": left,
+        }  # fmt: skip
+        path = self.dir / f"rank-{self.rank}.json"
+        tmp = path.with_name(f".{path.name}.tmp")
+        with self._write_lock:
+            tmp.write_text(json.dumps(record), encoding="utf-8")
+            tmp.replace(path)
+
+    def _answer_dump_request(self) -> None:
+        try:
+            request = (self.dir / DUMP_REQUEST).read_text(encoding="utf-8").strip()
+        except FileNotFoundError:
+            return
+        if request and request != self._dumped:
+            self._dumped = request
+            dump_own_stacks(self.stacks, self.rank, request)
+
+    def _watch_coordinator(self) -> None:
+        """A worker's watch over rank 0, which nothing else watches: when it died (this host)
+        or went silent, say so, record it in the summary (rank 1) and leave — with Hydra's
+        auto-cleanup off nothing else would end this rank."""
+        record = read_heartbeat(self.dir / "rank-0.json")
+        if record is None or record.get("left"):
+            return
+        problem = None
+        if record.get("host") == socket.gethostname() and not _pid_alive(record.get("pid")):
+            problem = {"rank": 0, "kind": "died", "age_s": 0.0, "record": record}
+        elif time.time() - float(record.get("time", time.time())) > self.hang_timeout_s:
+            problem = {
+                "rank": 0,
+                "kind": "stopped",
+                "age_s": time.time() - float(record["time"]),
+                "record": record,
+            }
+        if problem is None:
+            return
+        log.error("job failed: %s; rank %d leaves", describe_problem(problem), self.rank)
+        if self.rank == 1:
+            record_culprit(self.run_dir, problem)
+        os._exit(1)
+
+    def close(self) -> None:
+        """The rank leaves normally: a last beat says so (the watch then ignores it)."""
+        self._stop.set()
+        self._thread.join(timeout=self.interval + 1)
+        try:
+            self.doing("left")
+            self._beat(left=True)
+        except OSError:
+            pass
+
+
+def dump_own_stacks(directory: Path, rank: int, request: str) -> Path:
+    """Every thread's Python stack of this process into ``directory/rank-N.txt``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"rank-{rank}.txt"
+    with path.open("w", encoding="utf-8") as out:
+        out.write(f"# rank {rank} pid {os.getpid()} host {socket.gethostname()} request {request}\n")
+        out.flush()
+        faulthandler.dump_traceback(out, all_threads=True)
+    return path
+
+
+def record_culprit(run_dir: Path, problem: dict[str, Any]) -> None:
+    """Mark this run's summary as ended by ``problem`` (when rank 0, its owner, cannot)."""
+    path = run_dir / "summary.json"
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        summary = {}
+    record = problem["record"]
+    summary.update(
+        outcome=f"rank {problem['kind']}",
+        interrupted=True,
+        culprit={"rank": problem["rank"], "component": record.get("roles"), "host": record.get("host"),
+                 "error": problem["kind"], "activity": record.get("activity")},
+    )  # fmt: skip
+    tmp = path.with_name(".summary.json.watchdog")
+    tmp.write_text(json.dumps(summary, indent=2), encoding="utf-8")
+    tmp.replace(path)
+
+
+def read_heartbeat(path: Path) -> dict[str, Any] | None:
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+class Watchdog:
+    """Rank 0's watch: `check` finds stopped and dead ranks; the thread acts on them."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        world_size: int,
+        hang_timeout_s: float,
+        interval: float,
+        action: str,
+        on_fatal: Callable[[str, dict[str, Any]], None],
+    ) -> None:
+        self.run_dir = run_dir
+        self.world_size = world_size
+        self.hang_timeout_s = hang_timeout_s
+        self.interval = interval
+        self.action = action
+        self.on_fatal = on_fatal
+        self.started = time.time()
+        self._seen: set[int] = set()
+        self._warned: set[tuple[int, str]] = set()
+        self._unseen_reported = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="watchdog", daemon=True)
+        self._thread.start()
+
+    def check(self, now: float | None = None) -> list[dict[str, Any]]:
+        """Problems now: ``{"rank", "kind": "stopped"|"died", "age_s", "record"}`` per rank."""
+        now = time.time() if now is None else now
+        host = socket.gethostname()
+        problems = []
+        for rank in range(1, self.world_size):
+            record = read_heartbeat(self.run_dir / HEARTBEATS / f"rank-{rank}.json")
+            if record is None or record.get("left"):
+                continue
+            self._seen.add(rank)
+            age = now - float(record.get("time", now))
+            if record.get("host") == host and not _pid_alive(record.get("pid")):
+                problems.append({"rank": rank, "kind": "died", "age_s": age, "record": record})
+            elif age > self.hang_timeout_s:
+                problems.append({"rank": rank, "kind": "stopped", "age_s": age, "record": record})
+        if not self._unseen_reported and now - self.started > self.hang_timeout_s:
+            self._unseen_reported = True
+            unseen = sorted(set(range(1, self.world_size)) - self._seen)
+            if unseen:
+                log.warning(
+                    "no heartbeat ever seen from ranks %s in %s (is the run directory on a shared "
+                    "filesystem?): the watchdog cannot watch them", unseen, self.run_dir / HEARTBEATS,
+                )  # fmt: skip
+        return problems
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            problems = self.check()
+            if not problems:
+                continue
+            fresh = [p for p in problems if (p["rank"], p["kind"]) not in self._warned]
+            if self.action == "warn":
+                for problem in fresh:
+                    self._warned.add((problem["rank"], problem["kind"]))
+                    log.warning("%s", describe_problem(problem))
+                continue
+            stacks = collect_stacks(self.run_dir, problems)
+            message = "; ".join(describe_problem(p) for p in problems)
+            message += f". Python stacks of every rank that could answer: {stacks}"
+            first = problems[0]["record"]
+            culprit = {
+                "rank": problems[0]["rank"], "component": first.get("roles"), "host": first.get("host"),
+                "error": problems[0]["kind"], "activity": first.get("activity"),
+            }  # fmt: skip
+            self.on_fatal(message, culprit)
+            return
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=self.interval + 1)
+
+
+def describe_problem(problem: dict[str, Any]) -> str:
+    record = problem["record"]
+    doing = record.get("activity") or "idle"
+    busy_for = time.time() - float(record.get("since", time.time()))
+    who = f"rank {problem['rank']} ({record.get('roles') or 'no component'}) on {record.get('host')}"
+    if problem["kind"] == "died":
+        return f"{who}, pid {record.get('pid')}, died while in {doing} ({busy_for:.0f} s)"
+    return (
+        f"{who}, pid {record.get('pid')}: no heartbeat for {problem['age_s']:.0f} s while in {doing} "
+        "(the process is stopped or frozen: SIGSTOP, a debugger, swapping, a lost node)"
+    )
+
+
+def collect_stacks(run_dir: Path, problems: list[dict[str, Any]], wait_s: float = 4.0) -> Path:
+    """Ask every live rank to dump its stacks; read stopped ranks on this host with py-spy."""
+    stacks = run_dir / STACKS
+    stacks.mkdir(parents=True, exist_ok=True)
+    request = f"{time.time():.3f}"
+    (run_dir / HEARTBEATS / DUMP_REQUEST).write_text(request, encoding="utf-8")
+    dump_own_stacks(stacks, 0, request)
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    host = socket.gethostname()
+    for problem in problems:
+        record = problem["record"]
+        if problem["kind"] != "stopped" or record.get("host") != host:
+            continue
+        pid = int(record["pid"])
+        text = ""
+        if Path(spy).exists():  # the stack as it is, without resuming it
+            try:
+                done = subprocess.run(
+                    [spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=15
+                )
+                text = done.stdout + done.stderr
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                text = f"py-spy could not read pid {pid}: {exc}"
+            (stacks / f"rank-{problem['rank']}.py-spy.txt").write_text(text, encoding="utf-8")
+        if "Thread" not in text:
+            # no outside reading: let it run for its own dump (the job ends right after anyway)
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGCONT)
+    time.sleep(wait_s)  # live ranks answer at their next beat
+    return stacks
+
+
+def _pid_alive(pid: Any) -> bool:
+    if not isinstance(pid, int):
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie (killed, not yet reaped by its launcher) is dead too
+        import psutil
+
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except Exception:  # noqa: BLE001
+        return True

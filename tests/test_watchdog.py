@@ -1,0 +1,103 @@
+"""The watchdog: a stopped rank and a dead rank are named (rank, component, host), every rank's
+stack lands in RUN_DIR/stacks, the job ends within seconds; a long call is not a hang."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from rlinf_hpc.runtime.watchdog import Heartbeat, Watchdog
+
+from conftest import BIN, probe_toml, rlinf, start_job, survivors, wait_for_pids
+
+pytestmark = pytest.mark.mpi
+
+FAST = "[watchdog]\nheartbeat_s = 1.0\nhang_timeout_s = 6.0\n"
+
+
+def _finish(proc: subprocess.Popen[str], within: float) -> str:
+    try:
+        out, _ = proc.communicate(timeout=within)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail(f"the job did not end within {within} s")
+    return out
+
+
+def test_a_stopped_rank_is_named_with_every_stack_and_ends_the_job(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = start_job([str(BIN / "rlinf-hpc"), "run", str(probe_toml(tmp_path, "signal_flow", extra=FAST)),
+                      "--run-dir", str(run_dir)])  # fmt: skip
+    pids, _ = wait_for_pids(proc)
+    victim = pids[2]  # beta's rank, idle
+    stopped = time.monotonic()
+    os.kill(victim, signal.SIGSTOP)
+    try:
+        out = _finish(proc, 6.0 + 5.0 + 20.0)
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+    took = time.monotonic() - stopped
+    assert proc.returncode != 0, out
+    assert f"rank 2 (beta) on {os.uname().nodename}, pid {victim}: no heartbeat for" in out, out
+    assert took < 6.0 + 5.0 + 10.0, took  # hang_timeout_s + a beat + the stack collection
+    stacks = {p.name: p.read_text() for p in (run_dir / "stacks").glob("rank-*.txt")}
+    assert {"rank-0.txt", "rank-1.txt", "rank-2.txt"} <= set(stacks), stacks
+    assert "in sleep" in stacks["rank-1.txt"]  # alpha is busy in the flow's long call
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["outcome"] == "rank stopped" and summary["culprit"]["rank"] == 2
+    assert summary["culprit"]["component"] == "beta"
+    assert not survivors(pids, grace=10.0)
+
+
+def test_a_long_call_is_not_a_hang(tmp_path: Path) -> None:
+    """alpha sleeps 3 s, longer than 3 heartbeats: the watchdog must not fire."""
+    extra = "[watchdog]\nheartbeat_s = 0.5\nhang_timeout_s = 1.5\n"
+    result = rlinf(
+        "run", str(probe_toml(tmp_path, "idle_flow", extra=extra)), "--run-dir", str(tmp_path / "r")
+    )
+    assert result.returncode == 0, result.output
+    assert "no heartbeat" not in result.output
+
+
+def test_watchdog_finds_dead_and_silent_ranks_from_heartbeat_files(tmp_path: Path) -> None:
+    """The watch's decisions on their own, with heartbeat files written here."""
+    beat = Heartbeat(tmp_path, 1, interval=0.2)
+    beat.doing("actor.update", "actor")
+    fatal: list[tuple[str, dict]] = []
+    watch = Watchdog(
+        tmp_path,
+        4,
+        hang_timeout_s=5.0,
+        interval=0.2,
+        action="abort",
+        on_fatal=lambda m, c: fatal.append((m, c)),
+    )
+    try:
+        dead = subprocess.Popen(["true"])
+        dead.wait()
+        for rank, pid, age in ((2, dead.pid, 0.0), (3, os.getpid(), 30.0)):
+            then = time.time() - age
+            record = {"rank": rank, "pid": pid, "host": os.uname().nodename, "time": then,
+                      "roles": "rollout", "activity": "rollout.generate", "since": then}  # fmt: skip
+            (tmp_path / "heartbeats" / f"rank-{rank}.json").write_text(json.dumps(record))
+        problems = watch.check()
+        assert sorted((p["rank"], p["kind"]) for p in problems) == [(2, "died"), (3, "stopped")]
+        deadline = time.monotonic() + 15
+        while not fatal and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert fatal and "rank 2 (rollout)" in fatal[0][0] and "died while in rollout.generate" in fatal[0][0]
+        assert fatal[0][1]["rank"] == 2
+        assert "rank-1.txt" in {p.name for p in (tmp_path / "stacks").iterdir()}  # rank 1 answered
+    finally:
+        watch.close()
+        beat.close()
+    assert json.loads((tmp_path / "heartbeats" / "rank-1.json").read_text())["left"]
