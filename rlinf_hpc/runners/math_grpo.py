@@ -131,9 +131,8 @@ def _warm_start(coordinator: Coordinator, eval_set: list[Any]) -> tuple[dict[str
         "warm start %s in %.1f s%s", "loaded from cache" if warm["cached"] else "trained", warm["seconds"],
         f" (final loss {warm['loss']:.3f})" if warm["loss"] is not None else "",
     )  # fmt: skip
-    sync_weights(coordinator)
-    if "critic" in coordinator.placement.groups:  # its own sync: the critic starts from the policy
-        sync_weights(coordinator, ("critic",))
+    critic = ("critic",) if "critic" in coordinator.placement.groups else ()
+    sync_weights(coordinator, ("rollout", "inference", *critic))  # the critic starts from the policy
     coordinator.group("inference").call("set_reference").result()
     accuracy = evaluate(coordinator, eval_set)["accuracy"]
     log.info("held-out accuracy after warm start: %.1f%% (%d problems)", 100 * accuracy, len(eval_set))

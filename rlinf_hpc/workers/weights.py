@@ -8,6 +8,9 @@ from the actor (where its copy comes from, whom to pass it to), then the weights
 
 A destination on the sender's own rank (collocated components) gets a copy through a process-
 local mailbox instead: the rank runs its commands in order, so the push has run before the pull.
+The same holds inside the tree: a node whose child is another component on its own rank leaves
+the copy in the mailbox (a send to itself would wait for a pull queued behind its own), which
+needs the pulls issued in target order — as `runners.math_grpo.sync_weights` does.
 """
 
 from __future__ import annotations
@@ -50,7 +53,14 @@ def send_weights(plane: DataPlane, model: torch.nn.Module, targets: list[tuple[i
 
 
 def _forward(plane: DataPlane, params: dict[str, torch.Tensor], children: list[tuple[int, Any]]) -> None:
-    handles: list[WorkHandle] = [plane.isend(params, rank, tag) for rank, tag in children]
+    """Send to each child; a child on this very rank (another component here) gets a copy in
+    the mailbox — a send to oneself would wait for a pull that runs only after this one."""
+    for rank, tag in children:
+        if rank == plane.rank:
+            _mailbox[tag] = {name: t.detach().clone() for name, t in params.items()}
+    handles: list[WorkHandle] = [
+        plane.isend(params, rank, tag) for rank, tag in children if rank != plane.rank
+    ]
     plane.flush()
     for handle in handles:
         handle.wait()
@@ -65,7 +75,7 @@ def take_weights(plane: DataPlane, source: int, tag: Any) -> dict[str, torch.Ten
             raise RuntimeError("no weights were pushed on this rank before the pull")
         return state
     parent, children = plane.recv(source, (_ROUTE, tag))
-    state = plane.recv(parent, tag)
+    state = _mailbox.pop(tag) if parent == plane.rank else plane.recv(parent, tag)
     _forward(plane, state, children)
     return state
 
@@ -79,7 +89,8 @@ def receive_weights(plane: DataPlane, model: torch.nn.Module, source: int, tag: 
         received = take_weights(plane, source, tag)
     else:
         parent, children = plane.recv(source, (_ROUTE, tag))
-        received = plane.recv(parent, tag, out=params)
+        # parent == this rank: a component pulled here before this one passed it on
+        received = _mailbox.pop(tag) if parent == plane.rank else plane.recv(parent, tag, out=params)
         _forward(plane, params, children)
     if any(received[name] is not tensor for name, tensor in params.items()):  # a copy to write back
         with torch.no_grad():
