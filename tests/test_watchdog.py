@@ -101,3 +101,27 @@ def test_watchdog_finds_dead_and_silent_ranks_from_heartbeat_files(tmp_path: Pat
         watch.close()
         beat.close()
     assert json.loads((tmp_path / "heartbeats" / "rank-1.json").read_text())["left"]
+
+
+@pytest.mark.parametrize(("victim", "name"), [(2, "beta"), (0, "coordinator")])
+def test_a_killed_rank_is_named_not_just_a_pid(tmp_path: Path, victim: int, name: str) -> None:
+    """kill -9 takes every rank down at once; the death watch still names the first to die."""
+    run_dir = tmp_path / "run"
+    proc = start_job([str(BIN / "rlinf-hpc"), "run", str(probe_toml(tmp_path, "signal_flow", extra=FAST)),
+                      "--run-dir", str(run_dir)])  # fmt: skip
+    pids, _ = wait_for_pids(proc)
+    ready = run_dir / "heartbeats" / "deathwatch.json"
+    deadline = time.monotonic() + 30
+    while not ready.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert ready.exists(), "the death watch never started"
+    killed = time.monotonic()
+    os.kill(pids[victim], signal.SIGKILL)
+    out = _finish(proc, 30.0)
+    assert time.monotonic() - killed < 5.0
+    assert f"rank {victim} ({name}) on {os.uname().nodename}, pid {pids[victim]}, died" in out, out
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["outcome"] == "rank died" and summary["culprit"]["rank"] == victim, summary
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    assert events[-1]["event"] == "rank_died" and events[-1]["culprit"]["component"] == name
+    assert not survivors(pids, grace=5.0)

@@ -7,6 +7,7 @@ and broadcasts it (workers never parse files), every rank describes itself to ra
 
 from __future__ import annotations
 
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,7 @@ from rlinf_hpc.config import Config, config_to_toml, load_config
 from rlinf_hpc.errors import CheckpointStop, CommTimeoutError, JobInterrupted, UserError, WorkerError
 from rlinf_hpc.log import get_logger, setup_logging
 from rlinf_hpc.runners.flows import resolve_flow
+from rlinf_hpc.runtime import deathwatch
 from rlinf_hpc.runtime.checkpoint.manager import CheckpointManager
 from rlinf_hpc.runtime.checkpoint.state import seed_process
 from rlinf_hpc.runtime.console import print_table
@@ -28,7 +30,7 @@ from rlinf_hpc.runtime.events import EventLog
 from rlinf_hpc.runtime.rundir import RunDirectory, default_run_dir
 from rlinf_hpc.runtime.signals import install_signal_handlers
 from rlinf_hpc.runtime.timeline import Timeline, write_spans
-from rlinf_hpc.runtime.watchdog import Heartbeat, Watchdog
+from rlinf_hpc.runtime.watchdog import HEARTBEATS, Heartbeat, Watchdog, read_heartbeat
 from rlinf_hpc.scheduler import Coordinator, placement_rows
 from rlinf_hpc.workers import WorkerService, resolve_worker_class
 
@@ -97,6 +99,8 @@ def run_job(request: JobRequest) -> int:
         if control.rank != 0:
             return WorkerService(control, comm, config, heartbeat).serve()
         assert infos is not None and run_dir is not None
+        if heartbeat is not None:
+            heartbeat.doing("coordinating")
         try:
             return _coordinate(config, control, comm, infos, environment, request, run_dir)
         finally:
@@ -144,6 +148,7 @@ def _coordinate(
     if request.requested_ranks and request.requested_ranks != control.size:
         log.warning("--np %d ignored: the launcher started %d ranks", request.requested_ranks, control.size)
     outcome, culprit = "failed", None
+    watchers: list[Any] = []
     summary: dict[str, Any] | None = None  # this run's, once it knows how it ended
     try:
         flow = _prepare(config, run_dir)
@@ -151,6 +156,7 @@ def _coordinate(
         with timeline.span("placement", "phase", "coordinator"):
             placement = coordinator.start()
         events.write("placement", groups=placement.groups)
+        watchers.append(_start_deathwatch(directory))
         print_table(
             f"placement: {control.size} ranks",
             ["component", "rank", "node", "local rank", "device", "cpus"],
@@ -182,6 +188,7 @@ def _coordinate(
     except WorkerError as exc:
         culprit = {"rank": exc.rank, "component": exc.component, "error": exc.error}
         if not exc.error.startswith("UserError: "):
+            _record_failure(directory, culprit, started)
             return _fail(coordinator, exc)
         # a worker refused its input (options, files): a user error, reported as one
         outcome = "configuration error"
@@ -191,6 +198,7 @@ def _coordinate(
         ) from None
     except Exception as exc:  # noqa: BLE001 - report once, stop every rank, exit non-zero
         culprit = culprit_of(exc)
+        _record_failure(directory, culprit, started)
         return _fail(coordinator, exc)
     finally:
         if watchdog is not None:
@@ -203,6 +211,25 @@ def _coordinate(
             summary = {"outcome": outcome, "interrupted": True, "wall_seconds": wall, "culprit": culprit}
         directory.write_summary(summary)
         write_spans(timeline.drain() + coordinator.worker_spans, run_dir / "timeline.jsonl")
+
+
+def _start_deathwatch(directory: RunDirectory) -> Any:
+    """The helper that names a rank of this node that dies (`runtime.deathwatch`)."""
+    host = socket.gethostname()
+    pids = {}
+    for path in (directory.path / HEARTBEATS).glob("rank-*.json"):
+        record = read_heartbeat(path)
+        if record and record.get("host") == host and not record.get("left"):
+            pids[int(record["rank"])] = int(record["pid"])
+    return deathwatch.start(directory.path, directory.run_id, pids)
+
+
+def _record_failure(directory: RunDirectory, culprit: dict[str, Any], started: float) -> None:
+    """The culprit into summary.json before the shutdown, which may end in an abort."""
+    wall = round(time.monotonic() - started, 3)
+    directory.write_summary(
+        {"outcome": "failed", "interrupted": True, "wall_seconds": wall, "culprit": culprit}
+    )
 
 
 def _start_watchdog(
