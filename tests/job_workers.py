@@ -396,3 +396,29 @@ def _validate_grpo(config: Any) -> None:
 
 grpo_digest_flow.validate = _validate_grpo  # type: ignore[attr-defined]
 grpo_interrupt_flow.validate = _validate_grpo  # type: ignore[attr-defined]
+
+
+class LeakyWorker(ProbeWorker):
+    """A stage that keeps ``leak_mb`` MB (written, so resident) per call: a leak of known rate."""
+
+    def setup(self, marker: str = "", leak_mb: float = 0.0) -> None:
+        super().setup(marker)
+        self.kept: list[bytes] = []
+        self.leak_mb = leak_mb
+
+    def leak(self, batch: list[Any]) -> list[Any]:
+        self.kept.append(b"\x01" * int(self.leak_mb * 2**20))
+        time.sleep(0.25)  # longer than a heartbeat: every step sees a fresh figure
+        return batch
+
+
+def leak_flow(coordinator: Coordinator) -> dict[str, Any]:
+    """30 one-item pipeline steps through alpha's `leak`."""
+    from rlinf_hpc.scheduler import Pipeline
+
+    pipe = Pipeline(coordinator, "leak")
+    pipe.stage("alpha", "leak")
+    for step in range(30):
+        pipe.run([step])
+    pipe.close()
+    return {"steps": 30}

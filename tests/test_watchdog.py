@@ -125,3 +125,28 @@ def test_a_killed_rank_is_named_not_just_a_pid(tmp_path: Path, victim: int, name
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
     assert events[-1]["event"] == "rank_died" and events[-1]["culprit"]["component"] == name
     assert not survivors(pids, grace=5.0)
+
+
+def _leak_job(tmp_path: Path, leak_mb: float, action: str = "warn") -> tuple[object, list[dict]]:
+    config = tmp_path / "leak.toml"
+    config.write_text(
+        '[job]\nname = "leak"\nnum_ranks = 2\n'
+        f"[watchdog]\nheartbeat_s = 0.1\nhang_timeout_s = 30\nleak_window = 10\nleak_mb_per_step = 2\n"
+        f'leak_min_growth_mb = 40\nleak_action = "{action}"\n'
+        f'[components.alpha]\nworker = "job_workers:LeakyWorker"\noptions = {{ leak_mb = {leak_mb} }}\n'
+        '[flow]\nrunner = "job_workers:leak_flow"\n'
+    )
+    run_dir = tmp_path / f"run-{leak_mb}"
+    result = rlinf("run", str(config), "--run-dir", str(run_dir), timeout=180)
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    return result, [e for e in events if e["event"] == "memory_leak"]
+
+
+def test_an_injected_leak_is_reported_with_its_rate_and_a_healthy_run_is_not(tmp_path: Path) -> None:
+    result, alarms = _leak_job(tmp_path, 8.0, action="free")
+    assert result.returncode == 0, result.output  # type: ignore[attr-defined]
+    assert alarms and alarms[0]["rank"] == 1 and alarms[0]["kind"] == "host", alarms
+    assert abs(alarms[0]["mb_per_step"] - 8.0) <= 0.2 * 8.0, alarms  # within 20% of the truth
+    assert "rank 1 (alpha)" in result.output and "MB/step" in result.output  # type: ignore[attr-defined]
+    healthy, none = _leak_job(tmp_path, 0.0)
+    assert healthy.returncode == 0 and none == [], none  # type: ignore[attr-defined]

@@ -25,6 +25,20 @@ class WatchdogConfig(_Section):
         "abort", description="`abort`: name the rank, dump stacks, end the job; `warn`: log it once."
     )
 
+    leak_window: int = Field(
+        20, ge=4, description="Pipeline steps over which memory growth is fitted (Theil–Sen slope)."
+    )
+    leak_mb_per_step: float = Field(2.0, gt=0, description="Growth per step that counts as a leak.")
+    leak_min_growth_mb: float = Field(
+        200.0, ge=0, description="... and at least this much growth over the window (MB)."
+    )
+    leak_action: Literal["warn", "free", "checkpoint_stop"] = Field(
+        "warn",
+        description="`warn`: log the rank and its rate once; `free`: also ask every component to "
+        "release caches (gc, torch.cuda.empty_cache); `checkpoint_stop`: save and stop at the "
+        "next step boundary.",
+    )
+
     @model_validator(mode="after")
     def _check(self) -> WatchdogConfig:
         if self.hang_timeout_s < 3 * self.heartbeat_s:

@@ -7,7 +7,6 @@ and broadcasts it (workers never parse files), every rank describes itself to ra
 
 from __future__ import annotations
 
-import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,12 +16,11 @@ from rlinf_hpc.channel import attach_channels, resolve_policy
 from rlinf_hpc.cluster import JobEnvironment, build_topology, detect_environment, local_rank_info
 from rlinf_hpc.cluster.allocation import read_allocation
 from rlinf_hpc.comm import CommOptions, ControlPlane, DataPlane, library_version
-from rlinf_hpc.comm.mpi import abort
 from rlinf_hpc.config import Config, config_to_toml, load_config
 from rlinf_hpc.errors import CheckpointStop, CommTimeoutError, JobInterrupted, UserError, WorkerError
 from rlinf_hpc.log import get_logger, setup_logging
 from rlinf_hpc.runners.flows import resolve_flow
-from rlinf_hpc.runtime import deathwatch
+from rlinf_hpc.runners.watching import memory_hook, start_deathwatch, start_watchdog
 from rlinf_hpc.runtime.checkpoint.manager import CheckpointManager
 from rlinf_hpc.runtime.checkpoint.state import seed_process
 from rlinf_hpc.runtime.console import print_table
@@ -30,7 +28,7 @@ from rlinf_hpc.runtime.events import EventLog
 from rlinf_hpc.runtime.rundir import RunDirectory, default_run_dir
 from rlinf_hpc.runtime.signals import install_signal_handlers
 from rlinf_hpc.runtime.timeline import Timeline, write_spans
-from rlinf_hpc.runtime.watchdog import HEARTBEATS, Heartbeat, Watchdog, read_heartbeat
+from rlinf_hpc.runtime.watchdog import Heartbeat
 from rlinf_hpc.scheduler import Coordinator, placement_rows
 from rlinf_hpc.workers import WorkerService, resolve_worker_class
 
@@ -127,7 +125,9 @@ def _coordinate(
     comm.span_hook = timeline.add
     coordinator = Coordinator(config, control, slots, comm, recorder=events.write)
     coordinator.run_dir = run_dir
-    watchdog = _start_watchdog(config, control.size, directory, events, started)
+    watchdog = start_watchdog(config, control.size, directory, events, started)
+    if config.watchdog.enabled:
+        coordinator.step_hooks.append(memory_hook(config, coordinator, directory.path, events))
     checkpoints = CheckpointManager(
         config,
         run_dir,
@@ -156,7 +156,7 @@ def _coordinate(
         with timeline.span("placement", "phase", "coordinator"):
             placement = coordinator.start()
         events.write("placement", groups=placement.groups)
-        watchers.append(_start_deathwatch(directory))
+        watchers.append(start_deathwatch(directory))
         print_table(
             f"placement: {control.size} ranks",
             ["component", "rank", "node", "local rank", "device", "cpus"],
@@ -213,48 +213,11 @@ def _coordinate(
         write_spans(timeline.drain() + coordinator.worker_spans, run_dir / "timeline.jsonl")
 
 
-def _start_deathwatch(directory: RunDirectory) -> Any:
-    """The helper that names a rank of this node that dies (`runtime.deathwatch`)."""
-    host = socket.gethostname()
-    pids = {}
-    for path in (directory.path / HEARTBEATS).glob("rank-*.json"):
-        record = read_heartbeat(path)
-        if record and record.get("host") == host and not record.get("left"):
-            pids[int(record["rank"])] = int(record["pid"])
-    return deathwatch.start(directory.path, directory.run_id, pids)
-
-
 def _record_failure(directory: RunDirectory, culprit: dict[str, Any], started: float) -> None:
     """The culprit into summary.json before the shutdown, which may end in an abort."""
     wall = round(time.monotonic() - started, 3)
     directory.write_summary(
         {"outcome": "failed", "interrupted": True, "wall_seconds": wall, "culprit": culprit}
-    )
-
-
-def _start_watchdog(
-    config: Config, world_size: int, directory: RunDirectory, events: EventLog, started: float
-) -> Watchdog | None:
-    """Rank 0's watch over every rank's heartbeat; a stopped or dead rank ends the job, named."""
-    watch = config.watchdog
-    if not watch.enabled or world_size < 2:
-        return None
-
-    def on_fatal(message: str, culprit: dict[str, Any]) -> None:
-        log.error("job failed: %s", message)
-        wall = round(time.monotonic() - started, 3)
-        outcome = f"rank {culprit['error']}"
-        try:
-            events.write("end", outcome=outcome, wall_seconds=wall, culprit=culprit)
-            directory.write_summary(
-                {"outcome": outcome, "interrupted": True, "wall_seconds": wall, "culprit": culprit}
-            )
-        except Exception:  # noqa: BLE001 - the job must end whatever the disk says
-            log.exception("could not record the failure in the run directory")
-        abort(1)  # the main thread may be waiting on the lost rank: end every rank from here
-
-    return Watchdog(
-        directory.path, world_size, watch.hang_timeout_s, watch.heartbeat_s, watch.action, on_fatal
     )
 
 

@@ -35,8 +35,15 @@ def _flag_stop(signum: int, frame: FrameType | None) -> None:
 
 
 def stop_requested() -> str | None:
-    """The name of the save-and-stop signal if one arrived on this rank, else None."""
+    """Why a save-and-stop was asked for on this rank (a signal's name, or what
+    `request_stop` was given), else None."""
     return _stop_requested[0] if _stop_requested else None
+
+
+def request_stop(reason: str) -> None:
+    """Ask for the same save-and-stop as SIGUSR2 at the next step boundary (the memory-leak
+    monitor's ``checkpoint_stop`` action)."""
+    _stop_requested.append(reason)
 
 
 def install_signal_handlers() -> None:

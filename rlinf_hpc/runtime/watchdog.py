@@ -85,6 +85,7 @@ class Heartbeat:
         record = {
             "rank": self.rank, "pid": os.getpid(), "host": socket.gethostname(), "time": time.time(),
             "roles": self.roles, "activity": self.activity, "since": self.since, "left": left,
+            **memory_in_use(),
         }  # fmt: skip
         path = self.dir / f"rank-{self.rank}.json"
         tmp = path.with_name(f".{path.name}.tmp")
@@ -134,6 +135,21 @@ class Heartbeat:
             self._beat(left=True)
         except OSError:
             pass
+
+
+def memory_in_use() -> dict[str, float]:
+    """This process's host RSS and, where CUDA is up, its device memory in use (MB)."""
+    out: dict[str, float] = {}
+    try:
+        import psutil
+
+        out["rss_mb"] = psutil.Process().memory_info().rss / 2**20
+    except Exception:  # noqa: BLE001 - no psutil: no memory figures
+        pass
+    torch = sys.modules.get("torch")  # never import torch here: only report what is in use
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["device_mb"] = torch.cuda.memory_allocated() / 2**20
+    return out
 
 
 def dump_own_stacks(directory: Path, rank: int, request: str) -> Path:

@@ -110,6 +110,8 @@ class Pipeline:
         result = self._run_step(items, weights)
         if self._auto is not None:
             self._auto.after_step(self, result, len(items))
+        for hook in self.coordinator.step_hooks:  # e.g. the memory-leak monitor
+            hook(self.name, result.step)
         self.coordinator.record(
             "pipeline_step", pipeline=self.name, step=result.step, seconds=result.seconds,
             placement=result.placement, items=len(items), stages=result.stages,

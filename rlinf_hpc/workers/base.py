@@ -118,6 +118,20 @@ class Worker:
     def release_caches(self) -> None:
         """Free transient buffers and caches (a light switch); weights stay."""
 
+    def free_memory(self) -> dict[str, float]:
+        """Built-in: collect garbage and return cached CUDA blocks (the memory-leak monitor's
+        ``free`` action); runs without a time-share switch. Returns the memory in use after."""
+        import gc
+        import sys
+
+        from rlinf_hpc.runtime.watchdog import memory_in_use
+
+        gc.collect()
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
+        return memory_in_use()
+
     def memory_fraction(self) -> float:
         """Fraction of this rank's device memory in use (host memory on CPU ranks); the
         elastic micro-batch grows above ``pipeline.memory_threshold``. Override to report

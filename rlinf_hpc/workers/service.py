@@ -28,7 +28,7 @@ _REQUEST_TIMEOUT_S = 600.0
 
 #: Built-in methods that run without switching their component in (checkpoint saves), and
 #: whether they read the component's state (then a switched-out one is read off its host copy).
-_IN_PLACE_METHODS = {"checkpoint_save": True, "checkpoint_poll": False}
+_IN_PLACE_METHODS = {"checkpoint_save": True, "checkpoint_poll": False, "free_memory": False}
 
 
 def resolve_worker_class(path: str) -> type[Worker]:

@@ -220,7 +220,7 @@ class CheckpointManager:
     def _stop_reason(self) -> str | None:
         signal_name = stop_requested()
         if signal_name is not None:
-            return f"signal {signal_name}"
+            return f"signal {signal_name}" if signal_name.startswith("SIG") else signal_name
         allocation = self.allocation
         left = allocation.seconds_left() if allocation is not None else None
         if left is not None:

@@ -1,0 +1,84 @@
+"""What watches a running job from rank 0: the heartbeat watchdog (a stopped or dead rank ends
+the job, named), the death watch (names a rank killed outright), the memory-leak monitor."""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from rlinf_hpc.comm.mpi import abort
+from rlinf_hpc.config import Config
+from rlinf_hpc.log import get_logger
+from rlinf_hpc.runtime import deathwatch
+from rlinf_hpc.runtime.events import EventLog
+from rlinf_hpc.runtime.leaks import LeakMonitor, make_step_hook
+from rlinf_hpc.runtime.rundir import RunDirectory
+from rlinf_hpc.runtime.watchdog import HEARTBEATS, Watchdog, read_heartbeat
+from rlinf_hpc.scheduler import Coordinator
+
+log = get_logger("job")
+
+
+def start_watchdog(
+    config: Config, world_size: int, directory: RunDirectory, events: EventLog, started: float
+) -> Watchdog | None:
+    """Rank 0's watch over every rank's heartbeat; a stopped or dead rank ends the job, named."""
+    watch = config.watchdog
+    if not watch.enabled or world_size < 2:
+        return None
+
+    def on_fatal(message: str, culprit: dict[str, Any]) -> None:
+        log.error("job failed: %s", message)
+        wall = round(time.monotonic() - started, 3)
+        outcome = f"rank {culprit['error']}"
+        try:
+            events.write("end", outcome=outcome, wall_seconds=wall, culprit=culprit)
+            directory.write_summary(
+                {"outcome": outcome, "interrupted": True, "wall_seconds": wall, "culprit": culprit}
+            )
+        except Exception:  # noqa: BLE001 - the job must end whatever the disk says
+            log.exception("could not record the failure in the run directory")
+        abort(1)  # the main thread may be waiting on the lost rank: end every rank from here
+
+    return Watchdog(
+        directory.path, world_size, watch.hang_timeout_s, watch.heartbeat_s, watch.action, on_fatal
+    )
+
+
+def start_deathwatch(directory: RunDirectory) -> Any:
+    """The helper that names a rank of this node that dies (`runtime.deathwatch`)."""
+    host = socket.gethostname()
+    pids = {}
+    for path in (directory.path / HEARTBEATS).glob("rank-*.json"):
+        record = read_heartbeat(path)
+        if record and record.get("host") == host and not record.get("left"):
+            pids[int(record["rank"])] = int(record["pid"])
+    return deathwatch.start(directory.path, directory.run_id, pids)
+
+
+def memory_hook(config: Config, coordinator: Coordinator, run_dir: Path, events: EventLog) -> Any:
+    """The memory-leak monitor over every rank's heartbeat (`runtime.leaks`)."""
+    watch = config.watchdog
+    monitor = LeakMonitor(watch.leak_window, watch.leak_mb_per_step, watch.leak_min_growth_mb)
+    beats = [run_dir / HEARTBEATS / f"rank-{rank}.json" for rank in range(coordinator.control.size)]
+
+    def read_usage() -> dict[tuple[int, str], float]:
+        usage = {}
+        for rank, path in enumerate(beats):
+            record = read_heartbeat(path) or {}
+            for kind, key in (("host", "rss_mb"), ("device", "device_mb")):
+                if key in record and not record.get("left"):
+                    usage[(rank, kind)] = float(record[key])
+        return usage
+
+    def describe(rank: int) -> str:
+        record = read_heartbeat(beats[rank]) or {}
+        return f"rank {rank} ({record.get('roles') or '-'}) on {record.get('host')}"
+
+    def release() -> None:
+        for name in coordinator.placement.groups:
+            coordinator.group(name).call("free_memory").result()
+
+    return make_step_hook(monitor, read_usage, describe, watch.leak_action, release, events.write)
