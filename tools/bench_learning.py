@@ -113,16 +113,16 @@ def main() -> int:
     parser.add_argument("--out", help="run directories (default: a temporary directory)")
     parser.add_argument("--steps", type=int, help="RL steps of every run (default: the config's)")
     parser.add_argument("--with-ppo", action="store_true", help="also run configs/math_ppo_tiny.toml")
-    parser.add_argument("--reduced", action="store_true", help="CI size: 15 steps, bounds not enforced")
+    parser.add_argument("--reduced", action="store_true", help="CI size: 10 steps, bounds not enforced")
     parser.add_argument("--set", action="append", default=[], help="extra KEY=VALUE for every run")
     args = parser.parse_args()
     out = Path(args.out or tempfile.mkdtemp(prefix="bench-learning-"))
     out.mkdir(parents=True, exist_ok=True)
     cache = out / "sft-cache"  # cold: the first run trains the warm start, the others load it
     extra = list(args.set)
-    steps = 15 if args.reduced and args.steps is None else args.steps
+    steps = 10 if args.reduced and args.steps is None else args.steps
     if steps is not None:
-        extra += [f"grpo.steps={steps}", f"grpo.eval_every={max(1, steps // 3)}"]
+        extra += [f"grpo.steps={steps}", f"grpo.eval_every={max(1, steps // 2)}"]
     names = ["grpo", "frozen", "supervised"] + (["ppo"] if args.with_ppo else [])
     results = {name: run(name, out, cache, extra) for name in names}
     points = {name: 100 * (r["end"] - r["start"]) for name, r in results.items()}

@@ -122,7 +122,9 @@ def _describe_error(err: dict[str, Any], overridden: set[str]) -> str:
         return f"`{dotted}` is required but missing."
     if err["type"] == "literal_error":
         allowed = re.findall(r"'([^']*)'", str(err.get("ctx", {}).get("expected", "")))
-        near = difflib.get_close_matches(str(err.get("input")), allowed, n=1, cutoff=0.4)
+        given = str(err.get("input"))
+        prefixed = sorted((a for a in allowed if a.startswith(given)), key=len)  # a cut-off name
+        near = prefixed[:1] or difflib.get_close_matches(given, allowed, n=1, cutoff=0.4)
         hint = f" Did you mean '{near[0]}'?" if near else ""
         return f"`{dotted}`{origin} is {err.get('input')!r}, not one of {', '.join(allowed)}.{hint}"
     message = str(err["msg"]).removeprefix("Value error, ")
