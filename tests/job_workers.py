@@ -422,3 +422,27 @@ def leak_flow(coordinator: Coordinator) -> dict[str, Any]:
         pipe.run([step])
     pipe.close()
     return {"steps": 30}
+
+
+class SlowWorker(ProbeWorker):
+    """A stage that sleeps ``delay`` s per item, ``factor`` times longer on group rank 1."""
+
+    def setup(self, marker: str = "", delay: float = 0.01, factor: float = 3.0) -> None:
+        super().setup(marker)
+        self.delay = delay * (factor if self.group_rank == 1 else 1.0)
+
+    def work(self, batch: list[Any]) -> list[Any]:
+        time.sleep(self.delay * len(batch))
+        return batch
+
+
+def straggler_flow(coordinator: Coordinator) -> dict[str, Any]:
+    """12 steps of 8 items through alpha's `work` (two ranks, one slow)."""
+    from rlinf_hpc.scheduler import Pipeline
+
+    pipe = Pipeline(coordinator, "work")
+    pipe.stage("alpha", "work")
+    for step in range(12):
+        pipe.run(list(range(8 * step, 8 * step + 8)))
+    pipe.close()
+    return {"steps": 12}

@@ -150,3 +150,24 @@ def test_an_injected_leak_is_reported_with_its_rate_and_a_healthy_run_is_not(tmp
     assert "rank 1 (alpha)" in result.output and "MB/step" in result.output  # type: ignore[attr-defined]
     healthy, none = _leak_job(tmp_path, 0.0)
     assert healthy.returncode == 0 and none == [], none  # type: ignore[attr-defined]
+
+
+def test_a_slow_rank_is_named_a_straggler_and_equal_ranks_are_not(tmp_path: Path) -> None:
+    from rlinf_hpc.runtime.stragglers import StragglerDetector
+
+    equal = StragglerDetector(window=4, ratio=1.5)
+    assert not any(equal.observe(s, {("a", 1): 0.1, ("a", 2): 0.12, ("a", 3): 0.09}) for s in range(8))
+    config = tmp_path / "slow.toml"
+    config.write_text(
+        '[job]\nname = "slow"\nnum_ranks = 3\n[watchdog]\nstraggler_window = 4\n'
+        '[components.alpha]\nworker = "job_workers:SlowWorker"\nnum_ranks = 2\n'
+        "options = { delay = 0.02, factor = 3.0 }\n"
+        "[pipeline]\nmicro_batch = 2\nmin_micro_batch = 2\nmax_micro_batch = 2\nelastic = false\n"
+        '[flow]\nrunner = "job_workers:straggler_flow"\n'
+    )
+    result = rlinf("run", str(config), "--run-dir", str(tmp_path / "run"), timeout=180)
+    assert result.returncode == 0, result.output
+    assert "straggler: rank 2 of 'alpha'" in result.output, result.output
+    events = [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    found = [e for e in events if e["event"] == "straggler"]
+    assert len(found) == 1 and found[0]["straggler_rank"] == 2 and found[0]["score"] > 1.5, found

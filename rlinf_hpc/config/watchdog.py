@@ -39,6 +39,13 @@ class WatchdogConfig(_Section):
         "next step boundary.",
     )
 
+    straggler_ratio: float = Field(
+        1.5, gt=1, description="A rank slower per item than ratio x its stage peers' median..."
+    )
+    straggler_window: int = Field(
+        10, ge=2, description="... in 80% of this many pipeline steps is named a straggler."
+    )
+
     @model_validator(mode="after")
     def _check(self) -> WatchdogConfig:
         if self.hang_timeout_s < 3 * self.heartbeat_s:

@@ -27,6 +27,7 @@ from rlinf_hpc.runtime.console import print_table
 from rlinf_hpc.runtime.events import EventLog
 from rlinf_hpc.runtime.rundir import RunDirectory, default_run_dir
 from rlinf_hpc.runtime.signals import install_signal_handlers
+from rlinf_hpc.runtime.stragglers import StragglerDetector, make_straggler_hook
 from rlinf_hpc.runtime.timeline import Timeline, write_spans
 from rlinf_hpc.runtime.watchdog import Heartbeat
 from rlinf_hpc.scheduler import Coordinator, placement_rows
@@ -128,6 +129,8 @@ def _coordinate(
     watchdog = start_watchdog(config, control.size, directory, events, started)
     if config.watchdog.enabled:
         coordinator.step_hooks.append(memory_hook(config, coordinator, directory.path, events))
+        detector = StragglerDetector(config.watchdog.straggler_window, config.watchdog.straggler_ratio)
+        coordinator.step_hooks.append(make_straggler_hook(detector, events.write))
     checkpoints = CheckpointManager(
         config,
         run_dir,

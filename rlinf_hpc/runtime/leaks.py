@@ -21,6 +21,7 @@ import statistics
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from rlinf_hpc.log import get_logger
 from rlinf_hpc.runtime.signals import request_stop
@@ -84,13 +85,14 @@ def make_step_hook(
     action: str,
     release_caches: Callable[[], None],
     record: Callable[..., None],
-) -> Callable[[str, int], None]:
+) -> Callable[[str, Any], None]:
     """The coordinator's after-step hook: observe, and act on alarms (once per rank and kind
     for ``warn``; ``free`` and ``checkpoint_stop`` act on every alarm, at most once a window)."""
     warned: set[tuple[int, str]] = set()
     acted_at: dict[tuple[int, str], int] = {}
 
-    def after_step(pipeline: str, step: int) -> None:
+    def after_step(pipeline: str, result: Any) -> None:
+        step = result.step
         for alarm in monitor.observe(step, read_usage()):
             key = (alarm.rank, alarm.kind)
             if action == "warn" and key in warned:

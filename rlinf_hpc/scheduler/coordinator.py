@@ -73,8 +73,8 @@ class Coordinator:
         self._background: set[int] = set()
         #: The run directory (``--run-dir``) where flows may write their files; None without one.
         self.run_dir: Path | None = None
-        #: Called as ``hook(pipeline name, step)`` after every pipeline step.
-        self.step_hooks: list[Callable[[str, int], None]] = []
+        #: Called as ``hook(pipeline name, StepResult)`` after every pipeline step.
+        self.step_hooks: list[Callable[[str, Any], None]] = []
         #: Timeline spans the workers handed over when they left (see runtime.timeline).
         self.worker_spans: list[dict[str, Any]] = []
         #: The job's checkpoint manager (`rlinf_hpc.runtime.checkpoint.manager`), set by the runner.

@@ -111,7 +111,7 @@ class Pipeline:
         if self._auto is not None:
             self._auto.after_step(self, result, len(items))
         for hook in self.coordinator.step_hooks:  # e.g. the memory-leak monitor
-            hook(self.name, result.step)
+            hook(self.name, result)
         self.coordinator.record(
             "pipeline_step", pipeline=self.name, step=result.step, seconds=result.seconds,
             placement=result.placement, items=len(items), stages=result.stages,
