@@ -10,7 +10,6 @@ per step), ``progress.png`` and the summary's headline figures.
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from rlinf_hpc.runtime.checkpoint.manager import checkpoints_of
 from rlinf_hpc.runtime.console import print_table
 from rlinf_hpc.runtime.metrics import MetricsLog, require_tensorboard
 from rlinf_hpc.runtime.plots import plot_training
+from rlinf_hpc.runtime.rundir import make_writable_dir
 from rlinf_hpc.scheduler import Coordinator, Pipeline
 from rlinf_hpc.tasks import make_task
 from rlinf_hpc.tasks.teacher import check_teacher
@@ -66,12 +66,8 @@ def check_cache_dir(cache_dir: str) -> None:
     """Warn up front (not after training) when the warm-start cache cannot be written."""
     if not cache_dir:
         return
-    path = Path(cache_dir).expanduser()
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / f".write-test-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
+        make_writable_dir(Path(cache_dir).expanduser())
     except OSError as exc:
         log.warning(
             "sft.cache_dir '%s' cannot be written (%s): the warm start will be trained but not "

@@ -99,19 +99,30 @@ def lock_is_live(held: dict[str, Any], job_id: str | None, path: Path) -> bool:
         return False  # an earlier run of this same SLURM job (requeued): it is gone
     if held.get("host") == socket.gethostname():
         pid = held.get("pid")
-        if not isinstance(pid, int):
+        if not isinstance(pid, int) or not pid_alive(pid):
             return False
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
         return _pid_started_before(pid, held.get("since"))
     try:  # another host: its process cannot be checked from here, its refreshes can
         return time.time() - path.stat().st_mtime < STALE_AFTER_S
     except OSError:
         return False
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` (on this host) still runs; a zombie (killed, not yet reaped by
+    its parent) does not, and one we may not signal is assumed to."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        import psutil
+
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except Exception:  # noqa: BLE001 - unknown: assume it runs
+        return True
 
 
 def _pid_started_before(pid: int, since: Any) -> bool:

@@ -40,6 +40,14 @@ def new_run_id() -> str:
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
 
 
+def make_writable_dir(path: Path) -> None:
+    """Create ``path`` (and parents) and prove a file can be written there; `OSError` if not."""
+    path.mkdir(parents=True, exist_ok=True)
+    probe = path / f".write-test-{os.getpid()}"
+    probe.write_bytes(b"")
+    probe.unlink()
+
+
 def check_run_dir(path: Path, flag: str = "--run-dir") -> Path:
     """Create ``path`` if needed and prove it writable; `UserError` (what, why, fix) if not."""
     if path.exists() and not path.is_dir():
@@ -57,10 +65,7 @@ def check_run_dir(path: Path, flag: str = "--run-dir") -> Path:
             "created. Choose a path whose parents are directories."
         )
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / f".write-test-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
+        make_writable_dir(path)
     except OSError as exc:
         raise UserError(
             f"{flag} '{path}' cannot be written ({exc.strerror or exc}): the job would lose its "

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from rlinf_hpc.log import get_logger
+from rlinf_hpc.runtime.ownership import pid_alive
 
 log = get_logger("watchdog")
 
@@ -110,7 +111,7 @@ class Heartbeat:
         if record is None or record.get("left"):
             return
         problem = None
-        if record.get("host") == socket.gethostname() and not _pid_alive(record.get("pid")):
+        if record.get("host") == socket.gethostname() and not _pid_is_alive(record.get("pid")):
             problem = {"rank": 0, "kind": "died", "age_s": 0.0, "record": record}
         elif time.time() - float(record.get("time", time.time())) > self.hang_timeout_s:
             problem = {
@@ -227,7 +228,7 @@ class Watchdog:
                 continue
             self._seen.add(rank)
             age = now - float(record.get("time", now))
-            if record.get("host") == host and not _pid_alive(record.get("pid")):
+            if record.get("host") == host and not _pid_is_alive(record.get("pid")):
                 problems.append({"rank": rank, "kind": "died", "age_s": age, "record": record})
             elif age > self.hang_timeout_s:
                 problems.append({"rank": rank, "kind": "stopped", "age_s": age, "record": record})
@@ -313,18 +314,6 @@ def collect_stacks(run_dir: Path, problems: list[dict[str, Any]], wait_s: float 
     return stacks
 
 
-def _pid_alive(pid: Any) -> bool:
-    if not isinstance(pid, int):
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie (killed, not yet reaped by its launcher) is dead too
-        import psutil
-
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except Exception:  # noqa: BLE001
-        return True
+def _pid_is_alive(pid: Any) -> bool:
+    """`pid_alive` for a heartbeat's pid field (not a number: assume it runs)."""
+    return not isinstance(pid, int) or pid_alive(pid)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import shutil
 import threading
@@ -26,6 +25,7 @@ from rlinf_hpc.errors import UserError
 from rlinf_hpc.log import get_logger
 from rlinf_hpc.runtime.checkpoint.files import file_digest, fsync_path, write_durable
 from rlinf_hpc.runtime.ownership import DirectoryLock
+from rlinf_hpc.runtime.rundir import make_writable_dir
 
 log = get_logger("checkpoint")
 
@@ -141,10 +141,7 @@ class CheckpointStore:
         another live job holds it). A lock left by a dead process on this host, or by an
         earlier run of the same SLURM job (a requeue), is taken over."""
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
-            probe = self.root / f".write-test-{os.getpid()}"
-            probe.write_bytes(b"")
-            probe.unlink()
+            make_writable_dir(self.root)
         except OSError as exc:
             raise UserError(
                 f"checkpoint directory '{self.root}' cannot be written ({exc.strerror or exc}); the job "
