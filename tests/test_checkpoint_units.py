@@ -111,6 +111,20 @@ def test_config_differences_name_changed_and_fixed_keys() -> None:
     assert changed == ["grpo.lr", "model.hidden_size"] and fixed == ["model.hidden_size"]
 
 
+def test_keys_added_by_an_upgrade_are_no_config_change() -> None:
+    from rlinf_hpc.config.loader import load_config
+    from rlinf_hpc.runtime.checkpoint.resume import with_current_defaults
+
+    current = load_config(Path(__file__).parents[1] / "configs" / "math_grpo_tiny.toml").model_dump(mode="json")
+    saved = json.loads(json.dumps(current))
+    del saved["grpo"]["vllm_kv_cache_gib"]  # written by a version without the key
+    assert config_differences(saved, current)[0] == ["grpo.vllm_kv_cache_gib"]
+    assert config_differences(with_current_defaults(saved), current) == ([], [])
+    current["grpo"]["vllm_kv_cache_gib"] = 4.0  # set away from its default: a change
+    assert config_differences(with_current_defaults(saved), current)[0] == ["grpo.vllm_kv_cache_gib"]
+    assert with_current_defaults({"no": "such section"}) == {"no": "such section"}
+
+
 def test_allocation_clock_from_slurm_variables() -> None:
     now = time.time()
     env = {

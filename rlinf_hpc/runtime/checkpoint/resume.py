@@ -53,10 +53,20 @@ def find_resume_target(store: CheckpointStore, mode: str) -> Checkpoint | None:
         ) from None
 
 
+def with_current_defaults(saved: dict) -> dict:
+    """A saved config with the keys this version added since filled in at their defaults, so
+    that upgrading rlinf_hpc between a save and its resume is no config change (the saved
+    dict as it is if this version's schema refuses it)."""
+    try:
+        return Config.model_validate(saved).model_dump(mode="json")
+    except ValueError:  # pydantic's ValidationError is one
+        return saved
+
+
 def check_fits(checkpoint: Checkpoint, config: Config, force: bool) -> None:
     """`UserError` listing the keys if ``checkpoint`` was written with another config (changeable
     keys pass with ``force``; model, task and flow keys never)."""
-    saved = checkpoint.manifest["config"]
+    saved = with_current_defaults(checkpoint.manifest["config"])
     current = config.model_dump(mode="json")
     changed, fixed = config_differences(saved, current)
     if fixed:
