@@ -115,7 +115,8 @@ def test_keys_added_by_an_upgrade_are_no_config_change() -> None:
     from rlinf_hpc.config.loader import load_config
     from rlinf_hpc.runtime.checkpoint.resume import with_current_defaults
 
-    current = load_config(Path(__file__).parents[1] / "configs" / "math_grpo_tiny.toml").model_dump(mode="json")
+    config = load_config(Path(__file__).parents[1] / "configs" / "math_grpo_tiny.toml")
+    current = config.model_dump(mode="json")
     saved = json.loads(json.dumps(current))
     del saved["grpo"]["vllm_kv_cache_gib"]  # written by a version without the key
     assert config_differences(saved, current)[0] == ["grpo.vllm_kv_cache_gib"]
