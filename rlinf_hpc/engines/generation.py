@@ -44,10 +44,12 @@ class GumbelSampler:
 
 @dataclass
 class Completion:
-    """Generated token ids (ending with eos when ``ended``)."""
+    """Generated token ids (ending with eos when ``ended``) and, where the engine reports them,
+    the log-probability of each."""
 
     ids: list[int]
     ended: bool
+    logprobs: list[float] | None = None
 
 
 def encode_prompts(tokenizer: Tokenizer, prompts: Sequence[str]) -> list[list[int]]:

@@ -55,11 +55,46 @@ def validate(config: Config) -> None:
         )
     if config.model.path:
         check_model_dir(config.model.path)
+    if config.grpo.rollout_backend == "vllm":
+        from rlinf_hpc.engines.vllm_engine import check_vllm_install
+
+        wanted = config.components["rollout"].device
+        if wanted == "any":  # the rank's own device; rank 0's stands in for it here
+            import torch
+
+            wanted = "gpu" if torch.cuda.is_available() else "cpu"
+        check_vllm_install("cpu" if wanted == "cpu" else "cuda")
+        check_vllm_placement(config)
     if config.grpo.tensorboard:
         require_tensorboard()
     make_task(config.task, config.job.seed)  # reads and checks JSONL files
     check_teacher(config.sft, config.task)
     check_cache_dir(config.sft.cache_dir)
+
+
+def check_vllm_placement(config: Config) -> None:
+    """An in-process vLLM engine starts a torch.distributed group of its own: it cannot share a
+    rank with a data-parallel (multi-rank) actor or critic, which needs one of its size."""
+    placement = config.placement
+    if placement.mode == "collocated":
+        together = [set(config.components)]
+    elif placement.mode == "hybrid":
+        together = [set(group) for group in placement.groups]
+    else:
+        return
+    for group in together:
+        if "rollout" not in group:
+            continue
+        parallel = [n for n in ("actor", "critic") if n in group and config.components[n].num_ranks > 1]
+        if parallel:
+            raise UserError(
+                f'grpo.rollout_backend = "vllm" with placement.mode = "{placement.mode}" puts the '
+                f"rollout on the ranks of the data-parallel {', '.join(parallel)} "
+                f"({config.components[parallel[0]].num_ranks} ranks). The in-process vLLM engine "
+                "starts a torch.distributed group of its own, DDP/DeepSpeed need one over their "
+                "ranks, and a process has one. Give the rollout its own ranks (a hybrid group "
+                'without the actor, or "disaggregated"), or use rollout_backend = "hf".'
+            )
 
 
 def check_cache_dir(cache_dir: str) -> None:

@@ -9,7 +9,10 @@ ending with eos when ``ended``) for ``group_size`` samples; reward adds ``reward
 from __future__ import annotations
 
 import copy
+import shutil
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -19,9 +22,12 @@ from rlinf_hpc.engines.generation import encode_prompts, generate, sequence_logp
 from rlinf_hpc.engines.model import build_policy, count_parameters
 from rlinf_hpc.engines.tokenizer import CharTokenizer, Tokenizer
 from rlinf_hpc.errors import UserError
+from rlinf_hpc.log import get_logger
 from rlinf_hpc.tasks import make_task, score_completion
 from rlinf_hpc.workers.base import Worker
 from rlinf_hpc.workers.weights import receive_weights, take_weights
+
+log = get_logger("rollout")
 
 #: Data-plane tag of weight-sync messages.
 WEIGHTS_TAG = "policy-weights"
@@ -73,20 +79,35 @@ class PolicyWorker(Worker):
 
 
 def _use_vllm(config: Config, device: str) -> bool:
-    """Whether the rollout runs on vLLM (``rollout_backend``; `UserError` if it cannot)."""
+    """Whether the rollout runs on vLLM (``rollout_backend``; `UserError` if it must and cannot).
+    ``auto`` takes vLLM when a build for this rank's device is installed and serves the model
+    directory in ``model.path`` (the built-in tiny model stays on transformers)."""
     backend = config.grpo.rollout_backend
     if backend == "hf":
         return False
-    from rlinf_hpc.engines.vllm_engine import vllm_available
+    from rlinf_hpc.engines import vllm_engine
 
-    usable = bool(config.model.path) and device.startswith("cuda") and vllm_available()
-    if backend == "vllm" and not usable:
-        raise UserError(
-            'grpo.rollout_backend = "vllm" needs a CUDA rollout rank, vLLM installed and a '
-            f"Hugging Face model directory in model.path (this rank: device {device}, model.path "
-            f'\'{config.model.path}\'); use "hf" or "auto".'
-        )
-    return usable
+    if backend == "vllm":
+        vllm_engine.check_vllm_install(device)
+        return True
+    wanted = "cpu" if device == "cpu" else "gpu"
+    if not config.model.path or vllm_engine.vllm_build() != wanted:
+        return False
+    try:
+        vllm_engine.check_vllm_install(device)
+        vllm_engine.check_servable(config.model.path, device == "cpu")
+    except UserError as exc:
+        log.info("rollout_backend = auto: transformers, not vLLM (%s)", exc)
+        return False
+    return True
+
+
+def _vllm_model_dir(model: Any, tokenizer: Tokenizer, rank: int) -> str:
+    """Save the built-in policy as a Hugging Face directory vLLM can load (node-local temp)."""
+    directory = Path(tempfile.mkdtemp(prefix=f"rlinf-vllm-r{rank}-"))
+    model.generation_config.eos_token_id = tokenizer.eos_id
+    model.save_pretrained(directory)
+    return str(directory)
 
 
 class RolloutWorker(PolicyWorker):
@@ -96,6 +117,7 @@ class RolloutWorker(PolicyWorker):
     def setup(self, threads: int = 1) -> None:
         config = _config(self)
         self.engine: Any = None
+        self.scratch: str | None = None
         if _use_vllm(config, self.device):
             from rlinf_hpc.engines.vllm_engine import VLLMRollout
 
@@ -103,12 +125,37 @@ class RolloutWorker(PolicyWorker):
             self.config = config
             self.task = make_task(config.task, config.job.seed)
             self.model = None
-            self.engine = VLLMRollout(config.model.path, config.model.dtype, config.job.seed)
-            self.tokenizer = _hf_tokenizer(config.model.path)
-            self.log.info("rollout on vLLM (%s)", config.model.path)
+            if config.model.path:
+                model_dir = config.model.path
+                self.tokenizer = _hf_tokenizer(config.model.path)
+            else:  # the built-in tiny model: vLLM loads it from a directory
+                model, self.tokenizer = build_policy(config.model, self.task.texts(), config.job.seed)
+                model_dir = self.scratch = _vllm_model_dir(model, self.tokenizer, self.rank)
+                del model
+            started = time.monotonic()
+            self.engine = VLLMRollout(
+                model_dir,
+                config.model.dtype,
+                config.job.seed,
+                device=self.device,
+                gpu_memory_utilization=config.grpo.vllm_gpu_memory_utilization,
+                kv_cache_gib=config.grpo.vllm_kv_cache_gib,
+            )
+            self.log.info(
+                "rollout on vLLM (%s, %s) started in %.1f s",
+                config.model.path or "built-in model", self.device, time.monotonic() - started,
+            )  # fmt: skip
         else:
             super().setup(threads)
         self.generated_tokens = 0
+
+    def teardown(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
+        if self.scratch:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            self.scratch = None
 
     def switch_state(self) -> Any:
         return self.model  # a vLLM engine is not moved; a light switch puts it to sleep
