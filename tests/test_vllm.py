@@ -144,6 +144,24 @@ def test_light_switch_uses_sleep_mode_only_where_the_platform_has_it(served, cap
 
 
 @needs_vllm
+def test_auto_takes_vllm_for_a_servable_model_directory_only(tmp_path: Path) -> None:
+    from rlinf_hpc.config.loader import load_config
+    from rlinf_hpc.workers.math_policy import _use_vllm
+
+    def config(*sets: str):
+        return load_config(CONFIGS / "math_grpo_tiny.toml", ["grpo.rollout_backend=auto", *sets])
+
+    servable = make_tiny_hf_model(tmp_path / "ok", hidden_size=64, num_heads=2)  # head size 32
+    assert _use_vllm(config(f"model.path={servable}"), DEVICE)
+    assert not _use_vllm(config(), DEVICE)  # the built-in model stays on transformers
+    assert not _use_vllm(config(f"model.path={servable}", "grpo.rollout_backend=hf"), DEVICE)
+    if DEVICE == "cpu":
+        odd = make_tiny_hf_model(tmp_path / "odd", hidden_size=32, num_heads=2)  # head size 16
+        assert not _use_vllm(config(f"model.path={odd}"), "cpu")
+        assert not _use_vllm(config(f"model.path={servable}"), "cuda:0")  # a CPU build
+
+
+@needs_vllm
 def test_a_head_size_the_cpu_kernels_lack_is_refused_naming_the_supported_ones(tmp_path: Path) -> None:
     model_dir = make_tiny_hf_model(tmp_path / "model", hidden_size=32, num_heads=2)  # head size 16
     if DEVICE != "cpu":
