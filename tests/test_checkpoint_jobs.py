@@ -104,9 +104,8 @@ def references(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     ("scenario", "how", "after", "resumed_from"),
     [
         ("disaggregated", "kill", 3, 2),  # killed in step 4; step 2's save was committed at 3
-        ("disaggregated", "usr2", 3, 3),
         ("collocated", "kill", 3, 2),
-        ("auto", "usr2", 3, 3),
+        ("auto", "usr2", 3, 3),  # (SIGUSR2 on disaggregated ranks: the SLURM requeue test)
     ],
 )
 def test_interrupted_run_resumes_bitwise_equal(

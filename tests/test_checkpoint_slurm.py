@@ -42,6 +42,20 @@ def _wait_for(what: str, condition, timeout: float) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def _start_now(job_id: str, pending_since: list[float]) -> bool:
+    """SLURM holds a requeued job for ~2 minutes (BeginTime); as root the test lifts the hold
+    once the job has been pending for 3 s (an update while it is still being requeued does
+    nothing, and a relaunch in the second its credential was revoked is refused), which also
+    checks that a restart soon after the requeue works."""
+    state = _job_field(job_id, "JobState")
+    if state == "PENDING":
+        if not pending_since:
+            pending_since.append(time.monotonic())
+        elif time.monotonic() - pending_since[0] >= 3.0:
+            run_command(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], timeout=30)
+    return state in ("RUNNING", "COMPLETED")  # COMPLETING: still the requeued run's end
+
+
 def test_signal_save_requeue_resume_ends_equal_to_an_uninterrupted_run(tmp_path: Path) -> None:
     reference = tmp_path / "reference"
     args = [item for s in SETS for item in ("--set", s)]
@@ -59,8 +73,8 @@ def test_signal_save_requeue_resume_ends_equal_to_an_uninterrupted_run(tmp_path:
         signal = run_command(["scancel", "--batch", "--signal=USR2", job_id], timeout=30)
         assert signal.returncode == 0, signal.output
         _wait_for("the requeue", lambda: _job_field(job_id, "Restarts") == "1", 90)
-        # SLURM holds a requeued job for a while (BeginTime); as root the test lets it start now
-        run_command(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], timeout=30)
+        pending_since: list[float] = []
+        _wait_for("the requeued job to start", lambda: _start_now(job_id, pending_since), 150)
         _wait_for("the job to finish", lambda: _job_field(job_id, "JobState") == "COMPLETED", 240)
     finally:
         run_command(["scancel", job_id], timeout=30)

@@ -22,7 +22,8 @@ in one PNG, and reports (in points of held-out accuracy): ``grpo_gain`` = GRPO's
 (>= 15), ``ppo_gain`` (>= 10), ``vllm_minus_hf`` = the vLLM run's end - GRPO's end (within
 noise: >= -10), and ``cold_wall_vs_budget`` = the first GRPO run's wall time
 (cold cache, warm start included) / 600 s (<= 1). ``--reduced`` is the CI size: fewer steps,
-bounds reported but not enforced.
+bounds reported but not enforced. ``--cache DIR`` keeps the warm start in DIR instead of a
+fresh (cold) one: CI passes the main command's cache, which it has just filled.
 """
 
 from __future__ import annotations
@@ -122,10 +123,12 @@ def main() -> int:
     parser.add_argument("--with-vllm", action="store_true", help="also run the main job on vLLM")
     parser.add_argument("--reduced", action="store_true", help="CI size: 10 steps, bounds not enforced")
     parser.add_argument("--set", action="append", default=[], help="extra KEY=VALUE for every run")
+    parser.add_argument("--cache", help="warm-start cache (default: a cold one under OUT)")
     args = parser.parse_args()
     out = Path(args.out or tempfile.mkdtemp(prefix="bench-learning-"))
     out.mkdir(parents=True, exist_ok=True)
-    cache = out / "sft-cache"  # cold: the first run trains the warm start, the others load it
+    # cold by default: the first run trains the warm start, the others load it
+    cache = Path(args.cache).expanduser() if args.cache else out / "sft-cache"
     extra = list(args.set)
     steps = 10 if args.reduced and args.steps is None else args.steps
     if steps is not None:

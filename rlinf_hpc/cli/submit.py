@@ -70,6 +70,9 @@ def render_script(
         "export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}",
         'echo "job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}) on ${SLURM_JOB_NODELIST:-?}: '
         f'{config.job.name}"',
+        "# A restart gets a new step id first: MPICH names its shared-memory segments after",
+        "# job.step, and those of a killed step (in /dev/shm) would be attached to and hang.",
+        'if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then srun --ntasks=1 --nodes=1 true; fi',
         "# The batch shell gets SIGUSR2 (B:); srun passes it on to every rank.",
         'forward() { kill -USR2 "$child" 2>/dev/null; }',
         "trap forward USR2",
