@@ -179,6 +179,12 @@ def test_a_missing_or_mismatched_vllm_says_what_to_install(monkeypatch: pytest.M
         vllm_engine.check_vllm_install("cpu")
 
 
+def test_a_gpu_other_than_the_first_visible_one_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(vllm_engine, "check_vllm_install", lambda device: None)
+    with pytest.raises(UserError, match=r"cuda:3.*--gpus-per-task=1"):
+        vllm_engine.VLLMRollout("/nonexistent", "float32", 0, device="cuda:3")
+
+
 def test_a_torchvision_that_does_not_import_is_named_with_the_fix(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -182,6 +182,13 @@ class VLLMRollout:
         on_cpu = device == "cpu"
         if on_cpu:
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        if not on_cpu and device not in ("cuda", "cuda:0"):
+            raise UserError(
+                f"this rollout rank's GPU is {device}, but an in-process vLLM engine always takes "
+                "the first visible GPU (cuda:0), so every rollout rank of the node would share "
+                "one. Give each task its own GPU: srun --gpus-per-task=1 (or --gpu-bind=single:1, "
+                "or CUDA_VISIBLE_DEVICES per rank), so that each rank sees its GPU as cuda:0."
+            )
         import torch.distributed as dist
 
         if dist.is_initialized():
