@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CONFIGS, REPO, job_env, run_command, survivors
+from conftest import CONFIGS, REPO, Completed, job_env, run_command, survivors
 
 pytestmark = pytest.mark.slurm
 
@@ -40,11 +40,29 @@ if _REASON:
 
 
 def sbatch_wait(tmp_path: Path, *args: str, timeout: float = 180):
-    """Submit with `sbatch -W` (waits for the end; exit code = the job's)."""
+    """Submit and wait for the end; ``returncode`` is the job's exit code. (Polls every 0.3 s:
+    `sbatch -W` checks every 10 s, which made each of these few-second jobs take 10.)"""
     out = tmp_path / "job.out"
-    result = run_command(["sbatch", "-W", f"--output={out}", f"--chdir={tmp_path}", *args], timeout=timeout)
+    submitted = run_command(
+        ["sbatch", "--parsable", f"--output={out}", f"--chdir={tmp_path}", *args], timeout=60
+    )
+    assert submitted.returncode == 0, submitted.output
+    job_id = submitted.stdout.strip().split(";")[0]
+    deadline = time.monotonic() + timeout
+    fields: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        shown = run_command(["scontrol", "show", "job", "-o", job_id], timeout=30).stdout
+        fields = dict(item.split("=", 1) for item in shown.split() if "=" in item)
+        if fields.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OOM"):
+            break
+        time.sleep(0.3)
+    else:
+        run_command(["scancel", job_id], timeout=30)
+        raise AssertionError(f"job {job_id} did not end within {timeout} s: {fields}")
+    code, _, signal = fields.get("ExitCode", "1:0").partition(":")
+    returncode = int(code) if int(code) or signal in ("", "0") else 128 + int(signal)
     text = out.read_text() if out.exists() else ""
-    return result, text
+    return Completed(returncode, shown, ""), text
 
 
 def test_sbatch_single_node_template_runs_hello(tmp_path: Path) -> None:
