@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchlib import check_ratios, write_json
+from benchlib import check_ratios, median_time, write_json
 
 REPO = Path(__file__).resolve().parents[1]
 REQUIRED = {  # ratio name -> (comparison, bound)
@@ -38,15 +38,6 @@ REQUIRED = {  # ratio name -> (comparison, bound)
     "periodic_overhead": ("<=", 0.05),
 }
 MB = 1 << 20
-
-
-def _median_time(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def bench_files(mb: int, repeats: int, where: Path) -> dict[str, float]:
@@ -92,16 +83,17 @@ def bench_files(mb: int, repeats: int, where: Path) -> dict[str, float]:
             times[key].append(time.perf_counter() - start)
     raw |= {key: statistics.median(values) for key, values in times.items()}
     host_copy(state, pool)  # an async save's stall: the copy into the last save's buffers
-    raw["ours_stall_s"] = _median_time(lambda: host_copy(state, pool), repeats)
+    raw["ours_stall_s"] = median_time(lambda: host_copy(state, pool), repeats, warmup=False)
     raw["ours_bytes"] = sum(r["size"] for r in records)
-    raw["torch_load_s"] = _median_time(lambda: torch.load(where / "baseline.pt", weights_only=True), repeats)
+    baseline = where / "baseline.pt"
+    raw["torch_load_s"] = median_time(lambda: torch.load(baseline, weights_only=True), repeats, warmup=False)
 
     def ours_load() -> None:
         for record in records:
             assert file_digest(where / record["name"]) == record["sha256"]
         read_state(where, "ours")
 
-    raw["ours_load_s"] = _median_time(ours_load, repeats)
+    raw["ours_load_s"] = median_time(ours_load, repeats, warmup=False)
     for name in ("baseline.pt", "baseline.safetensors", "ours.safetensors", "ours.json"):
         (where / name).unlink(missing_ok=True)
     return raw

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchlib import write_json
+from benchlib import median_time, write_json
 
 MAIN_SIZE = 128
 
@@ -52,16 +52,6 @@ def make_model(hidden: int, directory: Path) -> Any:
     model = Qwen2ForCausalLM(config).eval()
     model.save_pretrained(directory)
     return model
-
-
-def timed(action, repeats: int = 3) -> float:  # noqa: ANN001 - a zero-argument callable
-    action()  # warm-up
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        action()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
 
 
 def bench_size(hidden: int, args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
@@ -99,7 +89,7 @@ def bench_size(hidden: int, args: argparse.Namespace, scratch: Path) -> dict[str
             do_sample=True, temperature=1.0, top_k=0, pad_token_id=0, eos_token_id=2,
         )  # fmt: skip
 
-    seconds = {"hf": timed(hf), "hf_plain": timed(hf_plain)}
+    seconds = {"hf": median_time(hf, 3), "hf_plain": median_time(hf_plain, 3)}
     started = time.perf_counter()
     engine = VLLMRollout(str(directory), "float32", seed=0, device=args.device, kv_cache_gib=1.0)
     start_s = time.perf_counter() - started
@@ -115,7 +105,7 @@ def bench_size(hidden: int, args: argparse.Namespace, scratch: Path) -> dict[str
         made = sum(len(s.token_ids) for o in outputs for s in o.outputs)
         assert made == tokens, (made, tokens)
 
-    seconds["vllm"] = timed(vllm)
+    seconds["vllm"] = median_time(vllm, 3)
     named = [(name, p.detach().clone()) for name, p in model.named_parameters()]
     syncs = []
     for _ in range(6):

@@ -18,19 +18,9 @@ import sys
 import time
 from pathlib import Path
 
-from benchlib import write_json
+from benchlib import median_time, write_json
 
 REQUIRED = {"offload_onload_vs_memcpy": (">=", 0.5)}
-
-
-def median_time(action, repeats: int = 5) -> float:  # noqa: ANN001 - a zero-argument callable
-    action()  # warm-up: first touch of every buffer
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        action()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def make_state(total_mb: int, dtype: object, parts: int = 8) -> dict:

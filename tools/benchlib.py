@@ -4,7 +4,9 @@ its JSON (``{"ratios": ..., "raw": ...}``) for ``--json PATH``."""
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Mapping
+import statistics
+import time
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,3 +34,16 @@ def write_json(path: str | None, result: Mapping[str, Any]) -> None:
     if path:
         Path(path).write_text(json.dumps(result, indent=2) + "\n")
         print(f"wrote {path}")
+
+
+def median_time(action: Callable[[], object], repeats: int = 5, warmup: bool = True) -> float:
+    """Median wall seconds of ``repeats`` calls of ``action``, after one untimed call if
+    ``warmup`` (first touch of buffers, lazy initialization)."""
+    if warmup:
+        action()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        action()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
