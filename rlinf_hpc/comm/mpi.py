@@ -39,8 +39,23 @@ def library_version() -> str:
     return " ".join(text.split())
 
 
-def abort(exit_code: int) -> None:
-    """End every rank of the job now. Used when an orderly shutdown is impossible."""
+def abort(exit_code: int, grace_s: float = 0.5) -> None:
+    """End every rank of the job now. Used when an orderly shutdown is impossible.
+
+    The reason was just logged: flush it and give the launcher ``grace_s`` to forward it, since
+    Hydra's proxies stop reading a rank's pipes as soon as the abort reaches them (under load the
+    last lines — the very ones that name the culprit — were lost)."""
+    import contextlib
+    import logging
+    import sys
+    import time
+
+    for handler in logging.getLogger().handlers + logging.getLogger("rlinf_hpc").handlers:
+        handler.flush()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    time.sleep(grace_s)
     world().Abort(exit_code)
 
 
