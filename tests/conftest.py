@@ -25,7 +25,7 @@ TINY = [
     "grpo.steps=2", "grpo.prompts_per_step=8", "grpo.group_size=4", "grpo.eval_every=1",
     "grpo.max_new_tokens=3",
     "pipeline.micro_batch=2", "pipeline.min_micro_batch=1", "pipeline.max_micro_batch=8",
-    "flow.runner=job_workers:grpo_digest_flow",
+    "flow.runner=job_workers:GRPO_DIGEST",
 ]  # fmt: skip
 
 #: Variables with which a developer runs part of an MPI check program by hand; the suite
@@ -147,7 +147,7 @@ def make_tiny_hf_model(path: Path, hidden_size: int = 32, num_heads: int = 2) ->
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from rlinf_hpc.config.rl import ModelConfig
+    from rlinf_hpc.apps.math.config import ModelConfig
     from rlinf_hpc.engines.model import tiny_qwen2
 
     chars = "0123456789+-*=., "

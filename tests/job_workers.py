@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from typing import Any
 
+from rlinf_hpc.apps.math import APP as MATH_APP
 from rlinf_hpc.errors import UserError
 from rlinf_hpc.scheduler import Coordinator
 from rlinf_hpc.workers import Worker
@@ -337,7 +339,7 @@ def grpo_digest_flow(coordinator: Coordinator) -> Any:
     """The math GRPO flow, then every policy holder's parameter digest."""
     import json
 
-    from rlinf_hpc.runners.math_grpo import math_grpo_flow
+    from rlinf_hpc.apps.math.flow import math_grpo_flow
 
     result = math_grpo_flow(coordinator)
     digests = {
@@ -355,7 +357,7 @@ def grpo_interrupt_flow(coordinator: Coordinator) -> Any:
     import signal
     import threading
 
-    from rlinf_hpc.runners.math_grpo import math_grpo_flow
+    from rlinf_hpc.apps.math.flow import math_grpo_flow
     from rlinf_hpc.runtime.checkpoint.manager import checkpoints_of
 
     options = coordinator.config.flow.options
@@ -374,8 +376,6 @@ def grpo_interrupt_flow(coordinator: Coordinator) -> Any:
 
     checkpoints.step_finished = step_finished  # type: ignore[method-assign]
     if options.get("force_auto") == "disaggregated":  # the tiny job would always stay collocated
-        import dataclasses
-
         from rlinf_hpc.scheduler import autoplace
 
         measured = autoplace.predict
@@ -388,14 +388,10 @@ def grpo_interrupt_flow(coordinator: Coordinator) -> Any:
     return math_grpo_flow(coordinator)
 
 
-def _validate_grpo(config: Any) -> None:
-    from rlinf_hpc.runners.math_grpo import validate
-
-    validate(config)
-
-
-grpo_digest_flow.validate = _validate_grpo  # type: ignore[attr-defined]
-grpo_interrupt_flow.validate = _validate_grpo  # type: ignore[attr-defined]
+# The math app with a test's flow around its own: same sections, checks and checkpoint keys
+# (how a user extends an app: `dataclasses.replace` of its App).
+GRPO_DIGEST = dataclasses.replace(MATH_APP, name="grpo_digest", flow="job_workers:grpo_digest_flow")
+GRPO_INTERRUPT = dataclasses.replace(MATH_APP, name="grpo_interrupt", flow="job_workers:grpo_interrupt_flow")
 
 
 class LeakyWorker(ProbeWorker):

@@ -26,7 +26,7 @@ BASE = [
     *[s for s in TINY if not s.startswith(("grpo.steps=", "flow.runner="))],
     f"grpo.steps={STEPS}",
     "checkpoint.every_steps=2",
-    "flow.runner=job_workers:grpo_interrupt_flow",
+    "flow.runner=job_workers:GRPO_INTERRUPT",
 ]
 #: Record fields that measure time (or follow timing, like elastic sizes), not learning.
 TIMING = {"step_s", "tokens_per_s", "weight_sync_s", "phases_s", "switch_s", "bubble_fraction", "micro_batch"}

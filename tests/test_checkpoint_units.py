@@ -105,10 +105,23 @@ def test_lock_refuses_a_live_owner_and_takes_over_a_requeued_or_dead_one(tmp_pat
 
 
 def test_config_differences_name_changed_and_fixed_keys() -> None:
-    saved = {"grpo": {"lr": 1e-4, "steps": 10}, "model": {"hidden_size": 32}, "checkpoint": {"keep": 2}}
-    current = {"grpo": {"lr": 1e-3, "steps": 20}, "model": {"hidden_size": 64}, "checkpoint": {"keep": 5}}
+    math = {"flow": {"runner": "math_grpo"}}  # its app adds grpo.steps (resumable), model. (fixed)
+    saved = {
+        **math,
+        "grpo": {"lr": 1e-4, "steps": 10},
+        "model": {"hidden_size": 32},
+        "checkpoint": {"keep": 2},
+    }
+    current = {
+        **math,
+        "grpo": {"lr": 1e-3, "steps": 20},
+        "model": {"hidden_size": 64},
+        "checkpoint": {"keep": 5},
+    }
     changed, fixed = config_differences(saved, current)
     assert changed == ["grpo.lr", "model.hidden_size"] and fixed == ["model.hidden_size"]
+    changed, fixed = config_differences({**saved, "flow": {"runner": "hello"}}, current)
+    assert "flow.runner" in fixed  # another app's state never loads
 
 
 def test_keys_added_by_an_upgrade_are_no_config_change() -> None:

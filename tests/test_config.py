@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from rlinf_hpc.config import Config, config_to_toml, load_config, parse_override
+from rlinf_hpc.config.apps import resolve_app
 from rlinf_hpc.config.describe import schema_keys
 from rlinf_hpc.errors import UserError
 
@@ -162,11 +163,14 @@ def test_schema_documents_every_key() -> None:
         "components.<name>.worker",
         "components.<name>.device",
         "flow.runner",
-        "hello.num_items",
     ]:
         assert name in keys and keys[name].doc, name
     assert keys["components.<name>.worker"].default == "(required)"
     assert keys["job.num_ranks"].default == "4"
+    assert not any(k.startswith(("hello.", "grpo.", "model.")) for k in keys)  # apps' keys: their own
+    math = {k.key: k for k in schema_keys(resolve_app("math_grpo"))}
+    assert math["grpo.steps"].doc and math["model.path"].default == "''"
+    assert [k.key for k in schema_keys(resolve_app("hello"))] == ["hello.num_items"]
 
 
 def test_placement_modes_size_the_job() -> None:

@@ -12,7 +12,7 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 
 @needs_cuda
 def test_generation_and_logprobs_on_cuda_match_cpu() -> None:
-    from rlinf_hpc.config.rl import ModelConfig
+    from rlinf_hpc.apps.math.config import ModelConfig
     from rlinf_hpc.engines.generation import encode_prompts, generate, sequence_logprobs
     from rlinf_hpc.engines.model import build_policy
 

@@ -9,13 +9,19 @@ from pathlib import Path
 import pytest
 import torch
 
+from rlinf_hpc.apps.math.config import ModelConfig, TaskConfig
+from rlinf_hpc.apps.math.tasks import (
+    ArithmeticTask,
+    extract_answer,
+    load_jsonl_problems,
+    make_task,
+    score_completion,
+)
 from rlinf_hpc.config import config_from_dict
-from rlinf_hpc.config.rl import ModelConfig, TaskConfig
 from rlinf_hpc.engines.generation import encode_prompts, generate, sequence_logprobs
 from rlinf_hpc.engines.model import build_policy, check_model_dir
 from rlinf_hpc.engines.tokenizer import CharTokenizer
 from rlinf_hpc.errors import UserError
-from rlinf_hpc.tasks import ArithmeticTask, extract_answer, load_jsonl_problems, make_task, score_completion
 
 torch.set_num_threads(1)
 

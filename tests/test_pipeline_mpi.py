@@ -87,9 +87,9 @@ def test_micro_batch_shrinks_while_downstream_waits_on_a_slow_stage(tmp_path: Pa
     config = _write(
         tmp_path,
         "latency",
-        '[components.producer]\nworker = "rlinf_hpc.workers.toy:ToyStage"\n'
+        '[components.producer]\nworker = "rlinf_hpc.apps.toy.workers:ToyStage"\n'
         'options = { operation = "affine", seconds_per_item = 0.01 }\n'  # injected latency
-        '[components.consumer]\nworker = "rlinf_hpc.workers.toy:ToyStage"\n'
+        '[components.consumer]\nworker = "rlinf_hpc.apps.toy.workers:ToyStage"\n'
         'options = { operation = "negate" }\n'
         "[pipeline]\nmicro_batch = 32\nmin_micro_batch = 4\nmax_micro_batch = 64\nwait_threshold_s = 0.05\n"
         '[flow]\nrunner = "toy_pipeline"\noptions = { steps = 2, num_items = 128 }\n',
@@ -108,9 +108,9 @@ def test_micro_batch_grows_under_memory_pressure(tmp_path: Path) -> None:
     config = _write(
         tmp_path,
         "memory",
-        '[components.producer]\nworker = "rlinf_hpc.workers.toy:ToyStage"\n'
+        '[components.producer]\nworker = "rlinf_hpc.apps.toy.workers:ToyStage"\n'
         'options = { operation = "affine" }\n'
-        '[components.consumer]\nworker = "rlinf_hpc.workers.toy:ToyStage"\n'
+        '[components.consumer]\nworker = "rlinf_hpc.apps.toy.workers:ToyStage"\n'
         'options = { operation = "negate", memory_fraction = 0.95 }\n'  # injected pressure
         "[pipeline]\nmicro_batch = 8\nmin_micro_batch = 8\nmax_micro_batch = 32\n"
         '[flow]\nrunner = "toy_pipeline"\noptions = { steps = 2, num_items = 200 }\n',
@@ -138,9 +138,9 @@ def test_auto_picks_the_faster_manual_mode(tmp_path: Path, workload: str) -> Non
     config = _write(
         tmp_path,
         workload,
-        '[components.producer]\nworker = "rlinf_hpc.workers.toy:ToyStage"\n'
+        '[components.producer]\nworker = "rlinf_hpc.apps.toy.workers:ToyStage"\n'
         f'options = {{ operation = "affine", seconds_per_item = {first}, state_mb = {state_mb} }}\n'
-        '[components.consumer]\nworker = "rlinf_hpc.workers.toy:ToyStage"\n'
+        '[components.consumer]\nworker = "rlinf_hpc.apps.toy.workers:ToyStage"\n'
         f'options = {{ operation = "negate", seconds_per_item = {second}, state_mb = {state_mb} }}\n'
         "[pipeline]\nmicro_batch = 4\nmin_micro_batch = 4\nmax_micro_batch = 4\nelastic = false\n"
         '[flow]\nrunner = "toy_pipeline"\noptions = { steps = 4, num_items = 32 }\n',

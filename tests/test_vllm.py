@@ -145,8 +145,8 @@ def test_light_switch_uses_sleep_mode_only_where_the_platform_has_it(served, cap
 
 @needs_vllm
 def test_auto_takes_vllm_for_a_servable_model_directory_only(tmp_path: Path) -> None:
+    from rlinf_hpc.apps.math.policy import _use_vllm
     from rlinf_hpc.config.loader import load_config
-    from rlinf_hpc.workers.math_policy import _use_vllm
 
     def config(*sets: str):
         return load_config(CONFIGS / "math_grpo_tiny.toml", ["grpo.rollout_backend=auto", *sets])
@@ -200,8 +200,8 @@ def test_a_torchvision_that_does_not_import_is_named_with_the_fix(
 
 
 def test_a_rollout_sharing_ranks_with_a_data_parallel_actor_is_refused_up_front() -> None:
+    from rlinf_hpc.apps.math.flow import check_vllm_placement
     from rlinf_hpc.config.loader import load_config
-    from rlinf_hpc.runners.math_grpo import check_vllm_placement
 
     two = [f"components.{c}.num_ranks=2" for c in ("rollout", "reward", "inference", "actor")]
     config = load_config(CONFIGS / "math_grpo_tiny.toml", [*two, "placement.mode=collocated"])

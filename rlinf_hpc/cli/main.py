@@ -123,8 +123,14 @@ def _parser() -> argparse.ArgumentParser:
     show = config_commands.add_parser("show", parents=[common], help="print the resolved config")
     show.add_argument("config", help="path of the TOML job config")
     show.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    config_commands.add_parser(
+    schema = config_commands.add_parser(
         "schema", parents=[common], help="list every config key with type, default and doc"
+    )
+    schema.add_argument(
+        "--app",
+        metavar="RUNNER",
+        help="only this app's sections: a registered name or an import path package.module:APP "
+        "(default: the framework's keys, then every registered app's)",
     )
     return parser
 
@@ -162,13 +168,24 @@ def _cmd_config_show(args: argparse.Namespace) -> int:
 
 
 def _cmd_config_schema(args: argparse.Namespace) -> int:
+    from rlinf_hpc.config.apps import registered_apps, resolve_app
     from rlinf_hpc.config.describe import schema_keys
 
-    width = max(len(k.key) for k in schema_keys())
-    for key in schema_keys():
-        sys.stdout.write(f"{key.key:<{width}}  {key.type}  (default: {key.default})\n")
-        for line in textwrap.wrap(key.doc, 90):
-            sys.stdout.write(f"{'':<{width}}    {line}\n")
+    names = [args.app] if args.app else list(registered_apps())
+    apps = [resolve_app(name) for name in names]
+    parts = [("the framework", schema_keys())] if not args.app else []
+    for name, app in zip(names, apps, strict=True):
+        parts.append((f"app '{name}' ([flow] runner = \"{name}\")", schema_keys(app)))
+    width = max((len(k.key) for _, keys in parts for k in keys), default=10)
+    for title, keys in parts:
+        sys.stdout.write(f"# {title}\n")
+        if not keys:
+            sys.stdout.write("  (no sections of its own)\n")
+        for key in keys:
+            sys.stdout.write(f"{key.key:<{width}}  {key.type}  (default: {key.default})\n")
+            for line in textwrap.wrap(key.doc, 90):
+                sys.stdout.write(f"{'':<{width}}    {line}\n")
+        sys.stdout.write("\n")
     return 0
 
 

@@ -1,4 +1,5 @@
-"""List every config key with its type, default and description (``rlinf-hpc config schema``)."""
+"""List every config key with its type, default and description (``rlinf-hpc config schema``):
+the framework's, then each app's own sections under the app's name."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
+from rlinf_hpc.config.apps import App
 from rlinf_hpc.config.schema import Config
 
 
@@ -49,6 +51,9 @@ def _walk(model: type[BaseModel], prefix: str) -> typing.Iterator[KeyDoc]:
         yield KeyDoc(key, _type_name(annotation), default, field.description or "")
 
 
-def schema_keys() -> list[KeyDoc]:
-    """Every leaf key of `Config` in declaration order."""
-    return list(_walk(Config, ""))
+def schema_keys(app: App | None = None) -> list[KeyDoc]:
+    """Every leaf key of the framework's `Config` (``app`` None) or of ``app``'s own sections,
+    in declaration order."""
+    if app is None:
+        return list(_walk(Config, ""))
+    return [key for name, section in app.sections.items() for key in _walk(section, f"{name}.")]

@@ -17,6 +17,7 @@ import tomli_w
 import tomllib
 from pydantic import BaseModel, ValidationError
 
+from rlinf_hpc.config.apps import config_class, owner_of_section, resolve_app, runner_of
 from rlinf_hpc.config.schema import Config
 from rlinf_hpc.errors import UserError
 
@@ -83,9 +84,9 @@ def _model_of(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
-def _valid_keys_at(loc: tuple[Any, ...]) -> list[str]:
+def _valid_keys_at(schema: type[Config], loc: tuple[Any, ...]) -> list[str]:
     """Field names allowed in the table at ``loc`` (a pydantic error location without the key)."""
-    current: Any = Config
+    current: Any = schema
     for part in loc:
         model = _model_of(current)
         if model is not None:
@@ -106,17 +107,23 @@ def _valid_keys_at(loc: tuple[Any, ...]) -> list[str]:
     return list(model.model_fields) if model else []
 
 
-def _describe_error(err: dict[str, Any], overridden: set[str]) -> str:
+def _describe_error(schema: type[Config], err: dict[str, Any], overridden: set[str]) -> str:
     loc = tuple(err["loc"])
     dotted = ".".join(str(p) for p in loc) or "(top level)"
     touched = any(key == dotted or key.startswith(dotted + ".") for key in overridden)
     origin = " (set with --set)" if touched else ""
     if err["type"] == "extra_forbidden":
-        valid = _valid_keys_at(loc[:-1])
+        valid = _valid_keys_at(schema, loc[:-1])
         near = difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.5)
         hint = f" Did you mean `{near[0]}`?" if near else ""
         table = ".".join(str(p) for p in loc[:-1])
         where = f"[{table}]" if table else "the top level"
+        owner = owner_of_section(str(loc[-1])) if not table and not near else None
+        if owner:
+            return (
+                f"section [{dotted}]{origin} belongs to the app '{owner}', but flow.runner names "
+                f'another. Set flow.runner = "{owner}", or remove [{dotted}].'
+            )
         return f"unknown key `{dotted}`{origin}.{hint} Valid keys in {where}: {', '.join(valid)}."
     if err["type"] == "missing":
         return f"`{dotted}` is required but missing."
@@ -139,11 +146,16 @@ def _describe_error(err: dict[str, Any], overridden: set[str]) -> str:
 
 
 def config_from_dict(data: dict[str, Any], source: str, overridden: set[str] | None = None) -> Config:
-    """Validate an already-parsed dict; errors name ``source`` (a path or "--set")."""
+    """Validate an already-parsed dict against the framework's sections and those of the app
+    that ``flow.runner`` names; errors name ``source`` (a path or "--set")."""
     try:
-        return Config.model_validate(data)
+        schema = config_class(resolve_app(runner_of(data)))
+    except UserError as exc:
+        raise UserError(f"config error in '{source}': {exc}") from None
+    try:
+        return schema.model_validate(data)
     except ValidationError as exc:
-        problems = " ".join(_describe_error(e, overridden or set()) for e in exc.errors())
+        problems = " ".join(_describe_error(schema, e, overridden or set()) for e in exc.errors())
         raise UserError(f"config error in '{source}': {problems} {_SCHEMA_HINT}") from None
 
 

@@ -12,7 +12,6 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from rlinf_hpc.config.checkpoint import CheckpointConfig
-from rlinf_hpc.config.rl import GRPOConfig, ModelConfig, SFTConfig, TaskConfig
 from rlinf_hpc.config.section import Section as _Section
 from rlinf_hpc.config.watchdog import WatchdogConfig
 
@@ -238,19 +237,15 @@ class FlowConfig(_Section):
 
     runner: str = Field(
         "hello",
-        description="Built-in flow name (`hello`, `toy_pipeline`) or an import path "
-        "`package.module:function` taking a rlinf_hpc.scheduler.Coordinator.",
+        description="The app: a registered name (`hello`, `toy_pipeline`, `math_grpo`, or one an "
+        "installed package registers), an import path `package.module:APP` of an "
+        "rlinf_hpc.config.apps.App (its config sections join these), or an import path "
+        "`package.module:function` of a bare flow taking a rlinf_hpc.scheduler.Coordinator.",
     )
     options: dict[str, Any] = Field(
         default_factory=dict,
         description="Free-form parameters of the flow (`coordinator.config.flow.options`).",
     )
-
-
-class HelloConfig(_Section):
-    """[hello]: parameters of the built-in `hello` flow."""
-
-    num_items: int = Field(8, ge=1, le=1_000_000, description="Numbers sent to each component.")
 
 
 class Config(_Section):
@@ -277,11 +272,6 @@ class Config(_Section):
     watchdog: WatchdogConfig = Field(
         default_factory=WatchdogConfig, description="Heartbeats: stopped and dead ranks named."
     )
-    hello: HelloConfig = Field(default_factory=HelloConfig, description="The built-in hello flow.")
-    task: TaskConfig = Field(default_factory=TaskConfig, description="RL jobs: problems and verifier.")
-    model: ModelConfig = Field(default_factory=ModelConfig, description="RL jobs: the policy model.")
-    sft: SFTConfig = Field(default_factory=SFTConfig, description="RL jobs: supervised warm start.")
-    grpo: GRPOConfig = Field(default_factory=GRPOConfig, description="RL jobs: the GRPO/PPO loop.")
 
     @field_validator("components")
     @classmethod
@@ -346,27 +336,6 @@ class Config(_Section):
                             'own; use "collocated" or "hybrid" to share ranks'
                         )
                     owner[rank] = name
-        return self
-
-    @model_validator(mode="after")
-    def _check_rl_batches(self) -> Config:
-        actor = self.components.get("actor")
-        if self.flow.runner != "math_grpo" or actor is None or self.placement.mode == "auto":
-            return self
-        samples = self.grpo.prompts_per_step * self.grpo.group_size
-        shares = actor.num_ranks * self.grpo.minibatches
-        if samples % shares:
-            raise ValueError(
-                f"grpo.prompts_per_step x grpo.group_size = {samples} samples per step cannot be "
-                f"split evenly over {actor.num_ranks} actor rank(s) x {self.grpo.minibatches} "
-                "minibatch(es); every rank must take the same number of samples per optimizer step "
-                "(DDP). Change prompts_per_step, group_size, minibatches or components.actor.num_ranks"
-            )
-        if self.sft.steps and self.sft.batch_size % actor.num_ranks:
-            raise ValueError(
-                f"sft.batch_size = {self.sft.batch_size} cannot be split evenly over "
-                f"{actor.num_ranks} actor rank(s); make it a multiple of components.actor.num_ranks"
-            )
         return self
 
     def placement_units(self) -> list[list[str]]:

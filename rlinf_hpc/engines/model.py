@@ -7,13 +7,42 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from rlinf_hpc.config.rl import ModelConfig
+from pydantic import Field, model_validator
+
+from rlinf_hpc.config.section import Section
 from rlinf_hpc.engines.tokenizer import CharTokenizer, HFTokenizer, Tokenizer
 from rlinf_hpc.errors import UserError
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a hub: models come from disk
+
+
+class ModelConfig(Section):
+    """[model]: the policy. A local Hugging Face directory, or a tiny Qwen2 built from this table."""
+
+    path: str = Field(
+        "",
+        description="Local Hugging Face model directory (a causal LM with its tokenizer). Empty: "
+        "build a tiny Qwen2 with a character-level tokenizer from the fields below.",
+    )
+    hidden_size: int = Field(128, ge=8, description="Tiny model: hidden size.")
+    num_layers: int = Field(4, ge=1, description="Tiny model: transformer layers.")
+    num_heads: int = Field(4, ge=1, description="Tiny model: attention heads.")
+    intermediate_size: int = Field(384, ge=8, description="Tiny model: MLP width.")
+    max_positions: int = Field(64, ge=8, description="Tiny model: longest prompt + completion.")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="Parameter dtype (float32 on CPU)."
+    )
+
+    @model_validator(mode="after")
+    def _check_heads(self) -> ModelConfig:
+        if self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"model.hidden_size ({self.hidden_size}) must be divisible by model.num_heads "
+                f"({self.num_heads})"
+            )
+        return self
 
 
 def check_model_dir(path: str) -> Path:

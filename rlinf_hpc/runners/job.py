@@ -16,10 +16,10 @@ from rlinf_hpc.channel import attach_channels, resolve_policy
 from rlinf_hpc.cluster import JobEnvironment, build_topology, detect_environment, local_rank_info
 from rlinf_hpc.cluster.allocation import read_allocation
 from rlinf_hpc.comm import CommOptions, ControlPlane, DataPlane, library_version
-from rlinf_hpc.config import Config, config_to_toml, load_config
+from rlinf_hpc.config import Config, config_from_dict, config_to_toml, load_config
+from rlinf_hpc.config.apps import app_of
 from rlinf_hpc.errors import CheckpointStop, CommTimeoutError, JobInterrupted, UserError, WorkerError
 from rlinf_hpc.log import get_logger, setup_logging
-from rlinf_hpc.runners.flows import resolve_flow
 from rlinf_hpc.runners.watching import memory_hook, start_deathwatch, start_watchdog
 from rlinf_hpc.runtime.checkpoint.manager import CheckpointManager
 from rlinf_hpc.runtime.checkpoint.state import seed_process
@@ -71,7 +71,7 @@ def _load_on_coordinator(
     payload = control.broadcast_from_coordinator(payload)
     if "error" in payload:
         raise UserError(payload["error"])
-    return Config.model_validate(payload["config"]), run_dir, Path(payload["run_dir"])
+    return config_from_dict(payload["config"], "rank 0's config"), run_dir, Path(payload["run_dir"])
 
 
 def run_job(request: JobRequest) -> int:
@@ -227,8 +227,9 @@ def _record_failure(directory: RunDirectory, culprit: dict[str, Any], started: f
 def _prepare(config: Config, run_dir: Path) -> Any:
     """Before any worker does anything: keep the resolved config, check every import path."""
     (run_dir / "config.toml").write_text(config_to_toml(config), encoding="utf-8")
-    flow = resolve_flow(config.flow.runner)
-    validate = getattr(flow, "validate", None)  # a flow's own input checks (files, models, ...)
+    app = app_of(config)
+    flow = app.flow_function()
+    validate = app.validate_function()  # the app's own input checks (files, models, ...)
     if callable(validate):
         validate(config)
     for component in config.components.values():

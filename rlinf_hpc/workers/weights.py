@@ -10,7 +10,7 @@ A destination on the sender's own rank (collocated components) gets a copy throu
 local mailbox instead: the rank runs its commands in order, so the push has run before the pull.
 The same holds inside the tree: a node whose child is another component on its own rank leaves
 the copy in the mailbox (a send to itself would wait for a pull queued behind its own), which
-needs the pulls issued in target order — as `runners.math_grpo.sync_weights` does.
+needs the pulls issued in target order — as `apps.math.flow.sync_weights` does.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ import sys
 import traceback
 from collections.abc import Callable
 
-from rlinf_hpc.comm.mpi import world
+from rlinf_hpc.comm.mpi import abort, world
 
 
 def run_checks(checks: list[tuple[str, Callable[[], None]]], label: str, only_env: str) -> int:
@@ -20,7 +20,8 @@ def run_checks(checks: list[tuple[str, Callable[[], None]]], label: str, only_en
     if unknown:
         if rank == 0:
             sys.stderr.write(f"${only_env} names unknown checks {sorted(unknown)}\n")
-        comm.Abort(2)
+        comm.Barrier()  # the message is written before any rank aborts (which kills rank 0 too)
+        abort(2)
     for name, check in checks:
         if only and name not in only:
             continue
@@ -29,8 +30,7 @@ def run_checks(checks: list[tuple[str, Callable[[], None]]], label: str, only_en
             comm.Barrier()
         except BaseException:  # noqa: BLE001 - report and take every rank down: never hang
             sys.stderr.write(f"rank {rank}: check {name} FAILED\n{traceback.format_exc()}")
-            sys.stderr.flush()
-            comm.Abort(1)
+            abort(1)  # flushes and lets the launcher forward the traceback first
         if rank == 0:
             print(f"CHECK {name} ok", flush=True)
     if rank == 0:

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from rlinf_hpc.config import Config
+from rlinf_hpc.config.apps import config_class, resolve_app, runner_of
 from rlinf_hpc.errors import UserError
 from rlinf_hpc.log import get_logger
 from rlinf_hpc.runtime.checkpoint.store import (
@@ -58,8 +59,9 @@ def with_current_defaults(saved: dict) -> dict:
     that upgrading rlinf_hpc between a save and its resume is no config change (the saved
     dict as it is if this version's schema refuses it)."""
     try:
-        return Config.model_validate(saved).model_dump(mode="json")
-    except ValueError:  # pydantic's ValidationError is one
+        schema = config_class(resolve_app(runner_of(saved)))
+        return schema.model_validate(saved).model_dump(mode="json")
+    except (ValueError, UserError):  # pydantic's ValidationError is a ValueError
         return saved
 
 

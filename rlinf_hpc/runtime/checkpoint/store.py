@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rlinf_hpc import __version__
+from rlinf_hpc.config.apps import resolve_app, runner_of
 from rlinf_hpc.errors import UserError
 from rlinf_hpc.log import get_logger
 from rlinf_hpc.runtime.checkpoint.files import file_digest, fsync_path, write_durable
@@ -33,15 +34,22 @@ MANIFEST = "manifest.json"
 FORMAT = 1
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
-#: Config keys that may change between a run and its resume without harm (rank counts are
-#: checked against the checkpoint's world layout instead: replicated state loads on any).
+#: Framework config keys that may change between a run and its resume without harm (rank
+#: counts are checked against the checkpoint's world layout instead: replicated state loads on
+#: any). An app adds its own (`App.resumable_keys`, e.g. the math app's ``grpo.steps``).
 RESUMABLE_KEYS = (
     "checkpoint.", "watchdog.", "job.log_level", "job.call_timeout_s", "job.shutdown_timeout_s",
-    "job.num_ranks", "comm.verify", "grpo.steps", "grpo.eval_every", "grpo.tensorboard",
-    "components.*.num_ranks", "components.*.ranks",
+    "job.num_ranks", "comm.verify", "components.*.num_ranks", "components.*.ranks",
 )  # fmt: skip
-#: Keys no resume may change, not even a forced one: the state would not fit or not mean the same.
-FIXED_KEYS = ("model.", "task.", "flow.runner", "grpo.train_backend", "grpo.group_size", "grpo.algorithm")
+#: Keys no resume may change, not even a forced one: the state would not fit or not mean the
+#: same. An app adds its own (`App.fixed_keys`, e.g. the math app's ``model.``).
+FIXED_KEYS = ("flow.runner",)
+
+
+def key_patterns(config: dict[str, Any]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``(resumable, fixed)`` key patterns for a config dict: the framework's and its app's."""
+    app = resolve_app(runner_of(config))
+    return RESUMABLE_KEYS + app.resumable_keys, FIXED_KEYS + app.fixed_keys
 
 
 def flat_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -61,18 +69,20 @@ def _matches(key: str, patterns: tuple[str, ...]) -> bool:
 
 def config_hash(config: dict[str, Any]) -> str:
     """sha256 of the config without the keys a resume may change."""
-    kept = {k: v for k, v in flat_config(config).items() if not _matches(k, RESUMABLE_KEYS)}
+    resumable, _ = key_patterns(config)
+    kept = {k: v for k, v in flat_config(config).items() if not _matches(k, resumable)}
     return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> tuple[list[str], list[str]]:
     """``(changed, fixed)``: keys whose values differ (ignoring resumable ones), and those of
     them no resume may change."""
+    resumable, fixed = key_patterns(current)
     old, new = flat_config(saved), flat_config(current)
     changed = sorted(
-        k for k in old.keys() | new.keys() if old.get(k) != new.get(k) and not _matches(k, RESUMABLE_KEYS)
+        k for k in old.keys() | new.keys() if old.get(k) != new.get(k) and not _matches(k, resumable)
     )
-    return changed, [k for k in changed if _matches(k, FIXED_KEYS)]
+    return changed, [k for k in changed if _matches(k, fixed)]
 
 
 def describe_differences(saved: dict[str, Any], current: dict[str, Any], keys: list[str]) -> str:

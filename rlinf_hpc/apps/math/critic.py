@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from rlinf_hpc.algorithms import clipped_value_loss, gae_advantage_return, outcome_token_rewards, pad_right
+from rlinf_hpc.apps.math.policy import PolicyWorker
 from rlinf_hpc.engines.distributed import (
     broadcast_parameters,
     init_group_process_group,
@@ -25,7 +26,6 @@ from rlinf_hpc.engines.distributed import (
 )
 from rlinf_hpc.engines.training import Trainer
 from rlinf_hpc.engines.value_model import ValueModel, sequence_values
-from rlinf_hpc.workers.math_policy import PolicyWorker
 from rlinf_hpc.workers.sharding import minibatch_share
 
 

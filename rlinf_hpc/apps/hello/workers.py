@@ -1,4 +1,4 @@
-"""Workers of the built-in `hello` flow: apply a small arithmetic operation to numbers."""
+"""Workers of the `hello` app: apply a small arithmetic operation to numbers."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlinf_hpc.config.rl import TaskConfig
+from rlinf_hpc.apps.math.config import TaskConfig
 from rlinf_hpc.errors import UserError
 
 
@@ -106,7 +106,7 @@ def load_jsonl_problems(path: str | Path, what: str) -> list[Problem]:
 
     Raises `UserError` naming the file and line of the first bad record.
     """
-    from rlinf_hpc.tasks.verifier import normalize_number
+    from rlinf_hpc.apps.math.tasks.verifier import normalize_number
 
     file = Path(path).expanduser()
     if not file.is_file():

@@ -1,17 +1,20 @@
-"""Typed sections of the RL post-training jobs: [task], [model], [sft], [grpo].
+"""The math app's config sections: [task], [model], [sft], [grpo].
 
-They sit next to the runtime's sections in `Config`; every job has them (with defaults), the
-math GRPO flow reads them. Checks that need no machine run here, at config time; checks that
-need the job's files (model directory, JSONL data) run when the flow starts, before training.
+They join the framework's sections in the job's `Config` when ``[flow] runner = "math_grpo"``.
+Checks that need no machine run here, at config time (`check_batches` across sections); checks
+that need the job's files (model directory, JSONL data) run in `flow.validate`, before training.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from rlinf_hpc.config.section import Section as _Section
+from rlinf_hpc.engines.model import ModelConfig
+
+__all__ = ["GRPOConfig", "ModelConfig", "SFTConfig", "TaskConfig", "check_batches"]
 
 
 class TaskConfig(_Section):
@@ -44,33 +47,6 @@ class TaskConfig(_Section):
         return self
 
 
-class ModelConfig(_Section):
-    """[model]: the policy. A local Hugging Face directory, or a tiny Qwen2 built from this table."""
-
-    path: str = Field(
-        "",
-        description="Local Hugging Face model directory (a causal LM with its tokenizer). Empty: "
-        "build a tiny Qwen2 with a character-level tokenizer from the fields below.",
-    )
-    hidden_size: int = Field(128, ge=8, description="Tiny model: hidden size.")
-    num_layers: int = Field(4, ge=1, description="Tiny model: transformer layers.")
-    num_heads: int = Field(4, ge=1, description="Tiny model: attention heads.")
-    intermediate_size: int = Field(384, ge=8, description="Tiny model: MLP width.")
-    max_positions: int = Field(64, ge=8, description="Tiny model: longest prompt + completion.")
-    dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        "float32", description="Parameter dtype (float32 on CPU)."
-    )
-
-    @model_validator(mode="after")
-    def _check_heads(self) -> ModelConfig:
-        if self.hidden_size % self.num_heads:
-            raise ValueError(
-                f"model.hidden_size ({self.hidden_size}) must be divisible by model.num_heads "
-                f"({self.num_heads})"
-            )
-        return self
-
-
 class SFTConfig(_Section):
     """[sft]: a short supervised warm start so that RL begins from a policy that is sometimes right."""
 
@@ -92,7 +68,8 @@ class SFTConfig(_Section):
         "exact",
         description="Who writes the warm start's answers: `exact` (the right answer) or "
         "`careless` (sums only: forgets the carry unless a draw below `teacher_skill` says "
-        "otherwise — a weak teacher that supervised training cannot surpass; see tasks/teacher.py).",
+        "otherwise — a weak teacher that supervised training cannot surpass; see "
+        "apps/math/tasks/teacher.py).",
     )
     teacher_skill: float = Field(
         0.15, ge=0, le=1, description="careless teacher: chance that it carries when a sum needs it."
@@ -114,7 +91,7 @@ class GRPOConfig(_Section):
     algorithm: Literal["grpo", "ppo"] = Field(
         "grpo",
         description="`grpo`: advantages from each prompt's group of samples; `ppo`: GAE from a "
-        "critic (needs a [components.critic] with worker rlinf_hpc.workers.math_critic:CriticWorker).",
+        "critic (needs a [components.critic] with worker rlinf_hpc.apps.math.critic:CriticWorker).",
     )
     control: Literal["none", "frozen", "supervised"] = Field(
         "none",
@@ -217,3 +194,25 @@ class GRPOConfig(_Section):
                 'grpo.algorithm = "ppo" (a critic\'s baseline)'
             )
         return self
+
+
+def check_batches(config: Any) -> None:
+    """Every actor rank takes the same number of samples per optimizer step (DDP)."""
+    actor = config.components.get("actor")
+    if actor is None or config.placement.mode == "auto":
+        return
+    grpo, sft = config.grpo, config.sft
+    samples = grpo.prompts_per_step * grpo.group_size
+    shares = actor.num_ranks * grpo.minibatches
+    if samples % shares:
+        raise ValueError(
+            f"grpo.prompts_per_step x grpo.group_size = {samples} samples per step cannot be "
+            f"split evenly over {actor.num_ranks} actor rank(s) x {grpo.minibatches} "
+            "minibatch(es); every rank must take the same number of samples per optimizer step "
+            "(DDP). Change prompts_per_step, group_size, minibatches or components.actor.num_ranks"
+        )
+    if sft.steps and sft.batch_size % actor.num_ranks:
+        raise ValueError(
+            f"sft.batch_size = {sft.batch_size} cannot be split evenly over "
+            f"{actor.num_ranks} actor rank(s); make it a multiple of components.actor.num_ranks"
+        )

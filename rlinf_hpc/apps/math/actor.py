@@ -28,6 +28,8 @@ from rlinf_hpc.algorithms import (
     pad_right,
     ppo_policy_loss,
 )
+from rlinf_hpc.apps.math.policy import WEIGHTS_TAG, PolicyWorker
+from rlinf_hpc.apps.math.tasks.teacher import make_teacher
 from rlinf_hpc.engines.distributed import (
     broadcast_parameters,
     init_group_process_group,
@@ -35,8 +37,6 @@ from rlinf_hpc.engines.distributed import (
 )
 from rlinf_hpc.engines.generation import encode_prompts, sequence_logprobs
 from rlinf_hpc.engines.training import Trainer
-from rlinf_hpc.tasks.teacher import make_teacher
-from rlinf_hpc.workers.math_policy import WEIGHTS_TAG, PolicyWorker
 from rlinf_hpc.workers.sharding import even_share, minibatch_share
 from rlinf_hpc.workers.weights import send_weights
 
@@ -176,8 +176,8 @@ class ActorWorker(PolicyWorker):
     def _greedy_accuracy(self, problems: list[Any]) -> float:
         """Greedy accuracy on training problems (the warm start's stopping check); every actor
         rank checks a share and the counts are summed, so all ranks stop together."""
+        from rlinf_hpc.apps.math.tasks import score_completion
         from rlinf_hpc.engines.generation import generate
-        from rlinf_hpc.tasks import score_completion
 
         mine = problems[self.group_rank :: self.group_size]
         completions = generate(

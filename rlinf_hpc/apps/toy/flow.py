@@ -1,5 +1,5 @@
-"""The built-in `toy_pipeline` flow: the macro flow of `rlinf_hpc.scheduler.Pipeline` in a few
-lines, over the job's components in config order (each a `rlinf_hpc.workers.toy:ToyStage`).
+"""The `toy_pipeline` flow: the macro flow of `rlinf_hpc.scheduler.Pipeline` in a few
+lines, over the job's components in config order (each a `rlinf_hpc.apps.toy.workers:ToyStage`).
 
 ``[flow] options``: ``steps`` (default 3), ``num_items`` per step (default 64). Each step
 feeds ``num_items`` numbers; the summary holds every output (sorted by id), the per-step sums

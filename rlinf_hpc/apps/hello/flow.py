@@ -1,4 +1,4 @@
-"""The built-in `hello` flow: send numbers to every component group and print what came back.
+"""The `hello` flow: send numbers to every component group and print what came back.
 
 It shows the whole control path in a few lines: the coordinator splits work over the ranks of
 each group, both groups compute at the same time, and the results come back as futures.

@@ -19,9 +19,9 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from rlinf_hpc.config.rl import SFTConfig, TaskConfig
+from rlinf_hpc.apps.math.config import SFTConfig, TaskConfig
+from rlinf_hpc.apps.math.tasks.problems import Problem
 from rlinf_hpc.errors import UserError
-from rlinf_hpc.tasks.problems import Problem
 
 
 def careless_sum(numbers: Sequence[int]) -> str:

@@ -1,4 +1,4 @@
-"""The built-in `math_grpo` flow: arithmetic (or GSM8K-style) reasoning trained with GRPO or PPO.
+"""The `math_grpo` flow: arithmetic (or GSM8K-style) reasoning trained with GRPO or PPO.
 
 The macro flow, as a user would write it: warm start the actor, sync its weights to rollout and
 inference (and, for PPO, once to the critic), then per step feed prompts through rollout ->
@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rlinf_hpc.apps.math.tasks import make_task
+from rlinf_hpc.apps.math.tasks.teacher import check_teacher
 from rlinf_hpc.config import Config
 from rlinf_hpc.engines.model import check_model_dir
 from rlinf_hpc.errors import UserError
@@ -24,13 +26,11 @@ from rlinf_hpc.runtime.metrics import MetricsLog, require_tensorboard
 from rlinf_hpc.runtime.plots import plot_training
 from rlinf_hpc.runtime.rundir import make_writable_dir
 from rlinf_hpc.scheduler import Coordinator, Pipeline
-from rlinf_hpc.tasks import make_task
-from rlinf_hpc.tasks.teacher import check_teacher
 
 log = get_logger("grpo")
 
 COMPONENTS = ("rollout", "reward", "inference", "actor")
-CRITIC_WORKER = "rlinf_hpc.workers.math_critic:CriticWorker"
+CRITIC_WORKER = "rlinf_hpc.apps.math.critic:CriticWorker"
 
 
 def validate(config: Config) -> None:
@@ -280,9 +280,6 @@ def math_grpo_flow(coordinator: Coordinator) -> dict[str, Any]:
         "checkpoints": checkpoints.saved,
     }
     return {"summary": summary, "evals": evals, "final_reward": history[-1]["reward"]}
-
-
-math_grpo_flow.validate = validate  # type: ignore[attr-defined]
 
 
 def _label(grpo: Any) -> str:

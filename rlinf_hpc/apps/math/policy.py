@@ -17,13 +17,13 @@ from typing import Any
 
 import torch
 
+from rlinf_hpc.apps.math.tasks import make_task, score_completion
 from rlinf_hpc.config import Config
 from rlinf_hpc.engines.generation import encode_prompts, generate, sequence_logprobs
 from rlinf_hpc.engines.model import build_policy, count_parameters
 from rlinf_hpc.engines.tokenizer import CharTokenizer, Tokenizer
 from rlinf_hpc.errors import UserError
 from rlinf_hpc.log import get_logger
-from rlinf_hpc.tasks import make_task, score_completion
 from rlinf_hpc.workers.base import Worker
 from rlinf_hpc.workers.weights import receive_weights, take_weights
 

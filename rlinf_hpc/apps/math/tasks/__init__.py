@@ -1,7 +1,13 @@
 """RL tasks: problem sets and their verifiers."""
 
-from rlinf_hpc.tasks.problems import ArithmeticTask, JsonlTask, Problem, load_jsonl_problems, make_task
-from rlinf_hpc.tasks.verifier import Score, extract_answer, normalize_number, score_completion
+from rlinf_hpc.apps.math.tasks.problems import (
+    ArithmeticTask,
+    JsonlTask,
+    Problem,
+    load_jsonl_problems,
+    make_task,
+)
+from rlinf_hpc.apps.math.tasks.verifier import Score, extract_answer, normalize_number, score_completion
 
 __all__ = [
     "ArithmeticTask",

@@ -1,0 +1,3 @@
+"""Applications built on the framework, each a package of its own: ``hello`` and ``toy`` (the
+demos), ``math`` (LLM reasoning with GRPO/PPO). The framework packages import none of them;
+each registers its `rlinf_hpc.config.apps.App` under the ``rlinf_hpc.apps`` entry points."""
