@@ -7,6 +7,7 @@ import os
 import time
 from typing import Any
 
+from rlinf_hpc.apps.embodied import APP as EMBODIED_APP
 from rlinf_hpc.apps.math import APP as MATH_APP
 from rlinf_hpc.errors import UserError
 from rlinf_hpc.scheduler import Coordinator
@@ -442,3 +443,29 @@ def straggler_flow(coordinator: Coordinator) -> dict[str, Any]:
         pipe.run(list(range(8 * step, 8 * step + 8)))
     pipe.close()
     return {"steps": 12}
+
+
+def embodied_interrupt_flow(coordinator: Coordinator) -> Any:
+    """The embodied PPO flow; the first run sends SIGUSR2 to the coordinator once iteration
+    ``flow.options.after_step`` finished (save at that boundary and stop)."""
+    import signal
+
+    from rlinf_hpc.apps.embodied.flow import embodied_ppo_flow
+    from rlinf_hpc.runtime.checkpoint.manager import checkpoints_of
+
+    after = int(coordinator.config.flow.options["after_step"])
+    checkpoints = checkpoints_of(coordinator)
+    original = checkpoints.step_finished
+
+    def step_finished(step: int, *args: Any, **kwargs: Any) -> None:
+        if checkpoints.resumed_step == 0 and step == after:
+            os.kill(os.getpid(), signal.SIGUSR2)
+        original(step, *args, **kwargs)
+
+    checkpoints.step_finished = step_finished  # type: ignore[method-assign]
+    return embodied_ppo_flow(coordinator)
+
+
+EMBODIED_INTERRUPT = dataclasses.replace(
+    EMBODIED_APP, name="embodied_interrupt", flow="job_workers:embodied_interrupt_flow"
+)

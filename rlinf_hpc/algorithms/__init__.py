@@ -2,14 +2,15 @@
 
 One module per concept, each function short and documented with its formula (as CleanRL
 writes them), with veRL's semantics and names (``core_algos``): `advantages` (GRPO outcome
-advantage, GAE), `policy_loss` (PPO clip with clip-higher and dual clip), `value_loss`
-(clipped value loss, entropy), `kl` (k1/abs/k2/k3), `aggregation` (masked reductions, the four
-``loss_agg_mode``\\ s, data-parallel normalization). Tensors are ``[batch, response_length]``
-with a 0/1 response mask.
+advantage, GAE over tokens and over env transitions), `policy_loss` (PPO clip with clip-higher
+and dual clip), `value_loss` (clipped value loss, entropy), `kl` (k1/abs/k2/k3), `aggregation`
+(masked reductions, the four ``loss_agg_mode``\\ s, data-parallel normalization). Tensors are
+``[batch, response_length]`` with a 0/1 response mask.
 """
 
 from rlinf_hpc.algorithms.advantages import (
     gae_advantage_return,
+    gae_transitions,
     grpo_outcome_advantage,
     outcome_token_rewards,
 )
@@ -35,6 +36,7 @@ __all__ = [
     "clipped_value_loss",
     "entropy_from_logits",
     "gae_advantage_return",
+    "gae_transitions",
     "grpo_outcome_advantage",
     "kl_penalty",
     "masked_mean",

@@ -17,6 +17,16 @@ GAE (per token ``t`` of a response, ``V`` the critic's values, ``r`` token rewar
 masked tokens are skipped (their value and TD error do not enter the recursion); the
 advantages are then whitened over the masked tokens of the batch.
 
+GAE over environment transitions (``[T, n]``: step ``t`` of env ``i``; ``V(s'_t)`` the value of
+the observation the step led to — for a truncated episode its final observation, not the reset
+one)::
+
+    delta_t = r_t + gamma * (1 - terminated_t) * V(s'_t) - V(s_t)
+    A_t     = delta_t + gamma * lam * (1 - done_t) * A_{t+1}     (done = terminated or truncated)
+
+so a time limit bootstraps from the value of where the episode stopped (it did not end there), a
+termination does not, and neither lets the recursion run into the next episode.
+
 >>> adv, _ = grpo_outcome_advantage(torch.tensor([[1.0], [0.0], [0.5], [0.5]]),
 ...                                 torch.ones(4, 1), ["a", "a", "b", "b"])
 >>> [round(a, 4) for a in adv.flatten().tolist()]
@@ -99,3 +109,35 @@ def outcome_token_rewards(scores: torch.Tensor, response_mask: torch.Tensor) -> 
     last = response_mask.sum(dim=-1).long().clamp(min=1) - 1
     rewards[torch.arange(len(scores)), last] = scores
     return rewards
+
+
+def gae_transitions(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    next_values: torch.Tensor,
+    terminated: torch.Tensor,
+    truncated: torch.Tensor,
+    gamma: float = 0.99,
+    lam: float = 0.95,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[T, n]`` rewards, V(s_t), V(s'_t), 0/1 terminated and truncated -> (advantages,
+    returns), both ``[T, n]`` (not whitened).
+
+    >>> r, v, no = torch.ones(3, 1), torch.zeros(3, 1), torch.zeros(3, 1)
+    >>> ends = torch.tensor([[0.0], [1.0], [0.0]])  # the episode stops after step 1
+    >>> nv = torch.tensor([[0.0], [10.0], [0.0]])  # V(s'_1) = 10 there
+    >>> gae_transitions(r, v, nv, ends, no, 1.0, 1.0)[0].flatten().tolist()  # terminated
+    [2.0, 1.0, 1.0]
+    >>> gae_transitions(r, v, nv, no, ends, 1.0, 1.0)[0].flatten().tolist()  # truncated: bootstrap
+    [12.0, 11.0, 1.0]
+    """
+    with torch.no_grad():
+        keep = 1.0 - terminated.to(values.dtype)
+        cont = 1.0 - torch.maximum(terminated, truncated).to(values.dtype)
+        deltas = rewards + gamma * keep * next_values - values
+        advantages = torch.zeros_like(values)
+        running = torch.zeros_like(values[0])
+        for t in reversed(range(values.shape[0])):
+            running = deltas[t] + gamma * lam * cont[t] * running
+            advantages[t] = running
+    return advantages, advantages + values

@@ -42,11 +42,13 @@ class ProducerSide:
         key: Any = None,
         block: bool = True,
         timeout: float | None = None,
-    ) -> None:
-        """Send ``item`` to a consumer chosen by the policy. Returns once the item's buffers
-        may be reused. With ``block=False`` a full channel raises `ChannelFull` at once."""
+    ) -> int:
+        """Send ``item`` to a consumer chosen by the policy. Returns, once the item's buffers
+        may be reused, the world rank of that consumer (where a reply comes from, for request/
+        response over a channel). With ``block=False`` a full channel raises `ChannelFull` at once."""
         handle = self.put_async(item, weight, key, block, timeout)
         handle.wait(timeout)
+        return handle.consumer
 
     def put_async(
         self,
@@ -56,7 +58,8 @@ class ProducerSide:
         block: bool = True,
         timeout: float | None = None,
     ) -> WorkHandle:
-        """Start a put; the handle completes when the item's buffers may be reused."""
+        """Start a put; the handle completes when the item's buffers may be reused. Its
+        ``consumer`` is the world rank the item goes to."""
         self._check_put(weight)
         self._wait_for_room(block, timeout)
         consumer = self._choose(ItemInfo(weight, key))
@@ -68,9 +71,12 @@ class ProducerSide:
         self._outstanding[item_id] = (consumer, weight)
         if consumer == self.plane.rank:  # collocated consumer: hand the object over, no copy
             self._queue.append(_Received(item_id, consumer, key, float(weight), item))
-            return done_handle()
-        message = (item_id, key, float(weight), item, self.plane.rank)
-        return self.plane.isend(message, consumer, self._item_tag)
+            handle = done_handle()
+        else:
+            message = (item_id, key, float(weight), item, self.plane.rank)
+            handle = self.plane.isend(message, consumer, self._item_tag)
+        handle.consumer = consumer  # type: ignore[attr-defined]
+        return handle
 
     def put_batch(
         self,

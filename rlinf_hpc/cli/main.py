@@ -171,15 +171,23 @@ def _cmd_config_schema(args: argparse.Namespace) -> int:
     from rlinf_hpc.config.apps import registered_apps, resolve_app
     from rlinf_hpc.config.describe import schema_keys
 
-    names = [args.app] if args.app else list(registered_apps())
-    apps = [resolve_app(name) for name in names]
-    parts = [("the framework", schema_keys())] if not args.app else []
-    for name, app in zip(names, apps, strict=True):
-        parts.append((f"app '{name}' ([flow] runner = \"{name}\")", schema_keys(app)))
+    parts = []
+    if args.app:
+        parts.append(
+            (f"app '{args.app}' ([flow] runner = \"{args.app}\")", schema_keys(resolve_app(args.app)))
+        )
+    else:
+        parts.append(("the framework", schema_keys()))
+        for name in registered_apps():
+            title = f"app '{name}' ([flow] runner = \"{name}\")"
+            try:
+                parts.append((title, schema_keys(resolve_app(name))))
+            except UserError as exc:  # one broken app does not hide the others
+                parts.append((f"{title}: cannot be loaded: {exc}", []))
     width = max((len(k.key) for _, keys in parts for k in keys), default=10)
     for title, keys in parts:
         sys.stdout.write(f"# {title}\n")
-        if not keys:
+        if not keys and "cannot be loaded" not in title:
             sys.stdout.write("  (no sections of its own)\n")
         for key in keys:
             sys.stdout.write(f"{key.key:<{width}}  {key.type}  (default: {key.default})\n")

@@ -7,7 +7,7 @@ built here once per app, so an app's keys are validated, suggested and documente
 the framework's. ``[flow] runner`` is one of
 
 - a registered name (the ``rlinf_hpc.apps`` entry-point group: the built-in ``hello``,
-  ``toy_pipeline``, ``math_grpo``, and any installed package that registers one),
+  ``toy_pipeline``, ``math_grpo``, ``embodied_ppo``, and any installed package that registers one),
 - an import path ``package.module:APP`` of an `App`,
 - an import path ``package.module:function`` of a bare flow (no sections of its own; its
   free-form parameters go in ``[flow] options``).

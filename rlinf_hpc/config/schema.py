@@ -237,8 +237,8 @@ class FlowConfig(_Section):
 
     runner: str = Field(
         "hello",
-        description="The app: a registered name (`hello`, `toy_pipeline`, `math_grpo`, or one an "
-        "installed package registers), an import path `package.module:APP` of an "
+        description="The app: a registered name (`hello`, `toy_pipeline`, `math_grpo`, "
+        "`embodied_ppo`, or one an installed package registers), an import path `package.module:APP` of an "
         "rlinf_hpc.config.apps.App (its config sections join these), or an import path "
         "`package.module:function` of a bare flow taking a rlinf_hpc.scheduler.Coordinator.",
     )

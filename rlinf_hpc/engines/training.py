@@ -24,17 +24,20 @@ class Trainer:
         backend: str = "ddp",
         zero_stage: int = 1,
         clip_norm: float | None = None,
+        weight_decay: float = 0.01,
+        eps: float = 1e-8,
     ) -> None:
         self.model = model
         self.device = device
         self.backend = backend
         self.clip_norm = clip_norm
+        self.adam = {"weight_decay": weight_decay, "eps": eps}
         self.engine: Any = None
         if backend == "deepspeed":
             self._init_deepspeed(lr, zero_stage)
         else:
             self.module = wrap_data_parallel(model, device)
-            self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+            self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, **self.adam)
 
     def _init_deepspeed(self, lr: float, zero_stage: int) -> None:
         os.environ.setdefault("DS_ACCELERATOR", "cuda" if self.device.startswith("cuda") else "cpu")
@@ -55,7 +58,7 @@ class Trainer:
             "steps_per_print": 2**31 - 1,
             "wall_clock_breakdown": False,
         }
-        client = torch.optim.AdamW(self.model.parameters(), lr=lr)
+        client = torch.optim.AdamW(self.model.parameters(), lr=lr, **self.adam)
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
             model=self.model, optimizer=client, config=config, dist_init_required=False
         )
@@ -83,7 +86,7 @@ class Trainer:
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
             return
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, **self.adam)
 
     def optimizer_state_dict(self) -> dict[str, Any]:
         """The optimizer's state for a checkpoint. DDP: AdamW's (the same on every rank).

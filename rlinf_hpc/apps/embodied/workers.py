@@ -1,0 +1,371 @@
+"""The embodied app's workers: simulators (`EnvWorker`), policy inference (`PolicyWorker`) and
+PPO training (`ActorWorker`), each on ranks of its own or sharing them as [placement] says.
+
+Per rollout, every env rank splits its simulators into ``env.pipeline_stages`` groups and asks
+the policy for each group's actions through the ``observations`` channel (load-balanced over
+the policy ranks); while the policy computes one group's actions, the env rank steps another.
+A reply comes straight back from the policy rank that took the request (`Channel.put` returns
+it). The env rank draws the sampling noise itself, so actions do not depend on which policy rank
+served them. At the end the env rank sends its trajectory to an actor rank (env group rank
+modulo actor ranks) and tells every policy rank it is done.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlinf_hpc.algorithms import clipped_value_loss, gae_transitions, masked_whiten, ppo_policy_loss
+from rlinf_hpc.apps.embodied.envs import GymBatch, check_env_id
+from rlinf_hpc.apps.embodied.model import ActorCritic
+from rlinf_hpc.channel import EndOfStream
+from rlinf_hpc.engines.distributed import broadcast_parameters, init_group_process_group
+from rlinf_hpc.engines.training import Trainer
+from rlinf_hpc.errors import CommTimeoutError
+from rlinf_hpc.workers import Worker
+from rlinf_hpc.workers.weights import receive_weights, send_weights
+
+CHANNEL = "observations"
+WEIGHTS_TAG = "embodied-weights"
+DONE_TAG = "rollout-done"
+
+
+def _actions_tag(slot: int) -> tuple[str, int]:
+    return ("actions", slot)
+
+
+def _rollout_tag(iteration: int) -> tuple[str, int]:
+    return ("rollout", iteration)
+
+
+class EnvWorker(Worker):
+    """``env.envs_per_rank`` simulators in ``env.pipeline_stages`` groups."""
+
+    replicated_state = False  # every rank steps simulators of its own
+
+    def setup(self, threads: int = 1) -> None:
+        torch.set_num_threads(threads)
+        self.config = self.job_config
+        env = self.config.env
+        self.stages = env.pipeline_stages
+        per_group = env.envs_per_rank // self.stages
+        seed = self.config.job.seed
+        self.groups = [
+            GymBatch(
+                env.id, per_group, seed, self.group_rank, env.max_episode_steps, env.options, k * per_group
+            )
+            for k in range(self.stages)
+        ]
+        self.spec = self.groups[0].spec
+        self.obs = [g.reset() for g in self.groups]
+        self.noise = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, self.group_rank, 1])))
+        self.high = np.asarray(self.spec.high, dtype=np.float32) if not self.spec.discrete else None
+        self.low = np.asarray(self.spec.low, dtype=np.float32) if not self.spec.discrete else None
+        self._sent: Any = None
+        self._last: tuple[int, dict[str, Any]] | None = None  # async: kept for a checkpoint
+
+    def _draw(self, n: int) -> np.ndarray:
+        if self.spec.discrete:
+            return self.noise.random(n, dtype=np.float32)
+        return self.noise.standard_normal((n, self.spec.action_dim), dtype=np.float32)
+
+    def _ask(self, slot: int) -> int:
+        request = {
+            "obs": self.obs[slot],
+            "noise": self._draw(len(self.obs[slot])),
+            "slot": slot,
+            "env": self.rank,
+        }
+        return self.channel(CHANNEL).put(request, weight=len(self.obs[slot]))
+
+    def rollout(self, iteration: int, steps: int) -> dict[str, Any]:
+        """``steps`` steps of every simulator; the trajectory goes to the actor."""
+        started = time.monotonic()
+        if self._sent is not None:
+            self._sent.wait()  # the previous rollout reached its actor rank
+            self._sent = None
+        n = len(self.obs[0])
+        record = {
+            key: [[] for _ in range(self.stages)]
+            for key in ("obs", "next_obs", "actions", "logp", "rewards", "terminated", "truncated")
+        }
+        versions: set[int] = set()
+        returns: list[float] = []
+        lengths: list[int] = []
+        wait_s = step_s = 0.0
+        servers = {slot: self._ask(slot) for slot in range(self.stages)}
+        for t in range(steps):
+            for slot in range(self.stages):
+                waited = time.monotonic()
+                reply = self.comm.recv(servers[slot], tag=_actions_tag(slot))
+                stepping = time.monotonic()
+                wait_s += stepping - waited
+                actions = reply["actions"]
+                if not self.spec.discrete:
+                    actions = np.clip(actions, self.low, self.high)
+                result = self.groups[slot].step(actions)
+                step_s += time.monotonic() - stepping
+                for key, value in (
+                    ("obs", self.obs[slot]), ("next_obs", result.final_obs), ("actions", reply["actions"]),
+                    ("logp", reply["logp"]), ("rewards", result.reward), ("terminated", result.terminated),
+                    ("truncated", result.truncated),
+                ):  # fmt: skip
+                    record[key][slot].append(value)
+                versions.add(int(reply["version"]))
+                returns += result.episode_returns
+                lengths += result.episode_lengths
+                self.obs[slot] = result.obs
+                if t + 1 < steps:
+                    servers[slot] = self._ask(slot)
+        policies = self.comm.directory.groups["policy"]
+        handles = [self.comm.isend(iteration, rank, DONE_TAG) for rank in policies]
+        # [T, n * stages, ...]: the groups side by side, each instance a column
+        trajectory = {
+            key: np.concatenate([np.stack(rows[slot]) for slot in range(self.stages)], axis=1)
+            for key, rows in record.items()
+        }
+        trajectory["version"] = min(versions)
+        if self.config.ppo.async_updates:  # a checkpoint may come before the actor trains on it
+            self._last = (iteration, trajectory)
+        self._send(iteration, trajectory)
+        for handle in handles:
+            handle.wait()
+        return {
+            "env_steps": steps * n * self.stages,
+            "returns": returns,
+            "lengths": lengths,
+            "seconds": time.monotonic() - started,
+            "wait_s": wait_s,
+            "step_s": step_s,
+            "versions": sorted(versions),
+        }
+
+    def _send(self, iteration: int, trajectory: dict[str, Any]) -> None:
+        # not waited for here: the actor takes it when it trains (maybe while this rank
+        # collects the next rollout); the next rollout makes sure it went
+        actors = self.comm.directory.groups["actor"]
+        self._sent = self.comm.isend(
+            trajectory, actors[self.group_rank % len(actors)], _rollout_tag(iteration)
+        )
+
+    def resend(self, iteration: int) -> None:
+        """After a resume: send the restored rollout ``iteration`` the actor has not trained on."""
+        if self._last is None or self._last[0] != iteration:
+            held = None if self._last is None else self._last[0]
+            raise RuntimeError(f"the checkpoint holds rollout {held} of this rank, not {iteration}")
+        self._send(*self._last)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "groups": [g.get_state() for g in self.groups],
+            "obs": [o.copy() for o in self.obs],
+            "noise": self.noise.bit_generator.state,
+            "last": None if self._last is None else list(self._last),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for group, saved in zip(self.groups, state["groups"], strict=True):
+            group.set_state(saved)
+        self.obs = [np.asarray(o, dtype=np.float32) for o in state["obs"]]
+        self.noise.bit_generator.state = state["noise"]
+        last = state.get("last")
+        self._last = None if last is None else (int(last[0]), dict(last[1]))
+
+    def teardown(self) -> None:
+        for group in getattr(self, "groups", []):
+            group.close()
+
+
+def _build_model(config: Any) -> ActorCritic:
+    spec = check_env_id(config.env.id, config.env.options)
+    torch.manual_seed(config.job.seed)  # every policy and actor rank starts from the same weights
+    return ActorCritic(spec, list(config.ppo.hidden_sizes))
+
+
+class PolicyWorker(Worker):
+    """Answers the env ranks' requests for actions with the weights it was last sent."""
+
+    def setup(self, threads: int = 1) -> None:
+        torch.set_num_threads(threads)
+        self.config = self.job_config
+        self.model = _build_model(self.config).eval()
+        self.version = 0
+
+    def pull_weights(self, source: int, version: int) -> int:
+        nbytes = receive_weights(self.comm, self.model, source, WEIGHTS_TAG)
+        self.version = version
+        return nbytes
+
+    def serve(self) -> dict[str, Any]:
+        """Take requests until every env rank said its rollout is done."""
+        channel = self.channel(CHANNEL)
+        envs = set(self.comm.directory.groups["env"])
+        done: set[int] = set()
+        requests = observations = batches = 0
+        busy_s = 0.0
+        limit = self.config.ppo.policy_batch
+        merge = self.config.ppo.policy_batching == "merge"
+        while done != envs:
+            try:
+                items = channel.get_batch(target_weight=limit, timeout=0.002)
+            except CommTimeoutError:
+                items = []
+            except EndOfStream:
+                break
+            if items:
+                started = time.monotonic()
+                groups = [items] if merge else [[item] for item in items]
+                for group in groups:  # one forward pass per group of requests
+                    obs = torch.from_numpy(np.concatenate([i["obs"] for i in group]))
+                    noise = torch.from_numpy(np.concatenate([i["noise"] for i in group]))
+                    actions, logp = self.model.act(obs, noise)
+                    actions, logp = actions.numpy(), logp.numpy()
+                    first = 0
+                    for item in group:
+                        rows = slice(first, first + len(item["obs"]))
+                        first = rows.stop
+                        reply = {"actions": actions[rows], "logp": logp[rows], "version": self.version}
+                        self.comm.isend(reply, item["env"], _actions_tag(item["slot"]))
+                    observations += len(obs)
+                    batches += 1
+                self.comm.flush()
+                requests += len(items)
+                busy_s += time.monotonic() - started
+            for rank in envs - done:
+                found, _ = self.comm.try_recv(rank, DONE_TAG)
+                if found:
+                    done.add(rank)
+        return {"requests": requests, "observations": observations, "batches": batches, "busy_s": busy_s}
+
+
+class ActorWorker(Worker):
+    """PPO over the trajectories of its env ranks; data parallel over the actor ranks."""
+
+    def setup(self, threads: int = 1) -> None:
+        torch.set_num_threads(threads)
+        self.config = self.job_config
+        self.model = _build_model(self.config)
+        self.distributed = init_group_process_group(self.group, self.device)
+        broadcast_parameters(self.model)
+        ppo = self.config.ppo
+        self.trainer = Trainer(
+            self.model, self.device, ppo.lr, clip_norm=ppo.max_grad_norm, weight_decay=0.0, eps=1e-5
+        )
+        self.version = 0  # updates applied
+
+    def push_weights(self, targets: list[int]) -> dict[str, float]:
+        started = time.monotonic()
+        nbytes = send_weights(self.comm, self.model, [(rank, WEIGHTS_TAG) for rank in targets])
+        return {"seconds": time.monotonic() - started, "bytes": nbytes}
+
+    def _receive(self, iteration: int) -> dict[str, torch.Tensor]:
+        envs = self.comm.directory.groups["env"]
+        mine = [rank for index, rank in enumerate(envs) if index % self.group_size == self.group_rank]
+        parts = [self.comm.recv(rank, _rollout_tag(iteration)) for rank in mine]
+        self.behaviour = min(int(p["version"]) for p in parts)
+        return {
+            key: torch.as_tensor(np.concatenate([p[key] for p in parts], axis=1))
+            for key in ("obs", "next_obs", "actions", "logp", "rewards", "terminated", "truncated")
+        }
+
+    def train(self, iteration: int, lr: float) -> dict[str, Any]:
+        """One PPO update on rollout ``iteration``."""
+        ppo = self.config.ppo
+        started = time.monotonic()
+        data = self._receive(iteration)
+        received = time.monotonic()
+        staleness = self.version - self.behaviour
+        if staleness > ppo.max_staleness:
+            raise RuntimeError(
+                f"rollout {iteration} was collected with weights {staleness} updates old "
+                f"(ppo.max_staleness = {ppo.max_staleness})"
+            )
+        steps, n = data["rewards"].shape
+        with torch.no_grad():
+            values = self.model.value(data["obs"].flatten(0, 1)).view(steps, n)
+            next_values = self.model.value(data["next_obs"].flatten(0, 1)).view(steps, n)
+        advantages, returns = gae_transitions(
+            data["rewards"].float(), values, next_values, data["terminated"], data["truncated"],
+            ppo.gamma, ppo.lam,
+        )  # fmt: skip
+        flat = {
+            "obs": data["obs"].flatten(0, 1),
+            "actions": data["actions"].flatten(0, 1),
+            "logp": data["logp"].flatten(0, 1).float(),
+            "advantages": advantages.flatten(),
+            "returns": returns.flatten(),
+            "values": values.flatten(),
+        }
+        for group in self.trainer.optimizer.param_groups:
+            group["lr"] = lr
+        total = steps * n
+        size = max(1, total // ppo.minibatches)
+        generator = torch.Generator().manual_seed(
+            self.config.job.seed * 100_003 + iteration * 1_009 + self.group_rank
+        )
+        sums: dict[str, float] = {}
+        updates = 0
+        for _ in range(ppo.epochs):
+            order = torch.randperm(total, generator=generator)
+            for start in range(0, size * ppo.minibatches, size):
+                rows = order[start : start + size]
+                metrics = self._update({k: v[rows] for k, v in flat.items()})
+                for key, value in metrics.items():
+                    sums[key] = sums.get(key, 0.0) + value
+                updates += 1
+        self.version += 1
+        out = {key: value / updates for key, value in sums.items()}
+        out |= {
+            "staleness": staleness,
+            "samples": total,
+            "value_mean": float(values.mean()),
+            "receive_s": received - started,
+            "train_s": time.monotonic() - received,
+            "version": self.version,
+        }
+        return out
+
+    def _update(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
+        ppo = self.config.ppo
+        logp, entropy = self.model.log_prob_entropy(batch["obs"], batch["actions"])
+        vpred = self.model.value(batch["obs"])
+        mask = torch.ones(len(logp), 1)
+        advantages = batch["advantages"].unsqueeze(-1)
+        if ppo.normalize_advantages and len(logp) > 1:
+            advantages = masked_whiten(advantages, mask)
+        pg_loss, pg = ppo_policy_loss(
+            batch["logp"].unsqueeze(-1), logp.unsqueeze(-1), advantages, mask, ppo.clip_eps, ppo.clip_eps,
+        )  # fmt: skip
+        v_loss, vf_clipfrac = clipped_value_loss(
+            vpred.unsqueeze(-1),
+            batch["returns"].unsqueeze(-1),
+            batch["values"].unsqueeze(-1),
+            mask,
+            ppo.clip_value,
+        )
+        loss = pg_loss + ppo.vf_coef * v_loss - ppo.entropy_coef * entropy.mean()
+        grad_norm = self.trainer.step(loss)
+        return {
+            "pg_loss": float(pg_loss.detach()),
+            "vf_loss": float(v_loss.detach()),
+            "entropy": float(entropy.mean().detach()),
+            "approx_kl": float(pg.ppo_kl),
+            "clipfrac": float(pg.pg_clipfrac),
+            "vf_clipfrac": float(vf_clipfrac),
+            "grad_norm": grad_norm,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.trainer.optimizer_state_dict(),
+            "version": self.version,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.trainer.load_optimizer_state_dict(state["optimizer"])
+        self.version = int(state["version"])

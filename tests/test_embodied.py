@@ -1,0 +1,181 @@
+"""The embodied app: simulators on env ranks, the policy on policy ranks, PPO on actor ranks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from rlinf_hpc.apps.embodied.envs import GymBatch, Spec, check_env_id
+from rlinf_hpc.apps.embodied.model import ActorCritic
+from rlinf_hpc.config import load_config
+from rlinf_hpc.errors import UserError
+
+from conftest import CONFIGS, rlinf
+
+CARTPOLE = CONFIGS / "embodied_ppo_cartpole.toml"
+SMALL = ["env.envs_per_rank=8", "ppo.rollout_steps=64"]
+
+
+def _random_actions(spec: Spec, rng: np.random.Generator, n: int) -> np.ndarray:
+    if spec.discrete:
+        return rng.integers(0, spec.action_dim, n)
+    return rng.uniform(-1, 1, (n, spec.action_dim)).astype(np.float32)
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Hopper-v5"])
+def test_env_state_round_trip_continues_exactly(env_id: str) -> None:
+    if env_id.startswith("Hopper"):
+        pytest.importorskip("mujoco")
+    batch = GymBatch(env_id, 3, seed=5, rank=1)
+    batch.reset()
+    rng = np.random.default_rng(0)
+    for _ in range(40):  # past some episode ends (CartPole resets itself, Hopper may fall)
+        batch.step(_random_actions(batch.spec, rng, 3))
+    state = batch.get_state()
+    actions = [_random_actions(batch.spec, rng, 3) for _ in range(60)]
+    first = [batch.step(a) for a in actions]
+    batch.set_state(state)
+    again = [batch.step(a) for a in actions]
+    for a, b in zip(first, again, strict=True):
+        assert np.array_equal(a.obs, b.obs) and np.array_equal(a.reward, b.reward)
+        assert np.array_equal(a.terminated, b.terminated) and a.episode_returns == b.episode_returns
+    other = GymBatch(env_id, 3, seed=5, rank=2)  # another rank: other seeds
+    assert not np.array_equal(other.reset(), GymBatch(env_id, 3, seed=5, rank=1).reset())
+
+
+def test_truncation_reports_the_final_observation_not_the_reset_one() -> None:
+    batch = GymBatch("CartPole-v1", 1, seed=0, rank=0, max_episode_steps=5)
+    batch.reset()
+    results = [batch.step(np.array([i % 2])) for i in range(5)]
+    last = results[-1]
+    assert last.truncated[0] and not last.terminated[0] and last.episode_lengths == [5]
+    assert not np.array_equal(last.final_obs, last.obs)  # obs is the next episode's first
+
+
+def test_bad_environments_are_user_errors() -> None:
+    with pytest.raises(UserError, match="Nearest registered: CartPole-v1"):
+        check_env_id("CartPol-v1")
+    with pytest.raises(UserError, match="takes flat vector observations"):
+        check_env_id("Blackjack-v1")  # a Tuple observation space
+    with pytest.raises(UserError, match="not accepted by gymnasium.make"):
+        check_env_id("CartPole-v1", {"no_such_option": 1})
+
+
+def test_sampling_takes_its_randomness_from_the_caller() -> None:
+    torch.manual_seed(0)
+    model = ActorCritic(Spec(4, True, 3), [16])
+    obs, noise = torch.randn(8, 4), torch.rand(8)
+    a1, lp1 = model.act(obs, noise)
+    a2, lp2 = model.act(obs, noise)
+    assert torch.equal(a1, a2) and torch.equal(lp1, lp2)  # same noise, same actions: any rank
+    assert torch.allclose(model.log_prob_entropy(obs, a1)[0], lp1)
+    gaussian = ActorCritic(Spec(3, False, 2, (-1.0, -1.0), (1.0, 1.0)), [16])
+    actions, logp = gaussian.act(obs[:, :3], torch.randn(8, 2))
+    assert torch.allclose(gaussian.log_prob_entropy(obs[:, :3], actions)[0], logp)
+
+
+def test_config_mistakes_name_the_keys(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="cannot be split into env.pipeline_stages = 3"):
+        load_config(CARTPOLE, ["env.pipeline_stages=3"])
+    with pytest.raises(UserError, match="unknown key `ppo.epoch`.*Did you mean `epochs`"):
+        load_config(CARTPOLE, ["ppo.epoch=3"])
+
+
+def _summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+@pytest.mark.mpi
+def test_cartpole_return_rises(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    result = rlinf("run", str(CARTPOLE), "--run-dir", str(run), *[f"--set={s}" for s in SMALL],
+                   "--set=ppo.iterations=40", timeout=240)  # fmt: skip
+    assert result.returncode == 0, result.output
+    summary = _summary(run)
+    # an untrained policy balances ~20 steps; PPO gets far past it in 40 updates (~20k steps)
+    assert summary["return_start"] < 40, summary
+    assert summary["return_end"] > 3 * summary["return_start"] and summary["return_end"] > 100, summary
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in records] == list(range(1, 41))
+    assert all(r["staleness"] == 0 for r in records)
+    assert (run / "progress.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.mpi
+def test_same_seed_same_run_whatever_policy_rank_serves(tmp_path: Path) -> None:
+    """Two policy ranks take requests as the load balance has it; the env ranks' own noise
+    makes the actions, so two runs agree exactly."""
+    sets = [*SMALL, "ppo.iterations=4", "components.policy.num_ranks=2", "job.num_ranks=6"]
+    returns = []
+    for name in ("a", "b"):
+        result = rlinf("run", str(CARTPOLE), "--run-dir", str(tmp_path / name), *[f"--set={s}" for s in sets])
+        assert result.returncode == 0, result.output
+        records = [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        returns.append([(r["episode_returns"], r["pg_loss"]) for r in records])
+    assert returns[0] == returns[1]
+
+
+@pytest.mark.mpi
+def test_async_updates_with_policy_and_actor_time_sharing(tmp_path: Path) -> None:
+    sets = [*SMALL, "ppo.iterations=5", "ppo.async_updates=true", "placement.mode=hybrid",
+            'placement.groups=[["policy", "actor"]]', "job.num_ranks=4"]  # fmt: skip
+    result = rlinf("run", str(CARTPOLE), "--run-dir", str(tmp_path / "run"), *[f"--set={s}" for s in sets])
+    assert result.returncode == 0, result.output
+    assert "take turns there instead of overlapping" in result.stderr  # said, not refused
+    records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["staleness"] for r in records] == [0, 1, 1, 1, 1]  # the first rollout is fresh
+    assert _summary(tmp_path / "run")["max_staleness_seen"] == 1
+
+
+@pytest.mark.mpi
+def test_placements_and_rank_splits_that_cannot_work_are_refused(tmp_path: Path) -> None:
+    result = rlinf("run", str(CARTPOLE), "--set=placement.mode=collocated", "--set=job.num_ranks=3")
+    assert result.returncode == 2, result.output
+    assert "puts env and policy on the same ranks" in result.stderr
+    split = ["--set=components.actor.num_ranks=2", "--set=components.env.num_ranks=3"]
+    split.append("--set=job.num_ranks=7")
+    result = rlinf("run", str(CARTPOLE), *split)
+    assert result.returncode == 2, result.output
+    assert "components.env.num_ranks = 3 cannot be split evenly" in result.stderr
+
+
+#: Record fields that measure time, not learning.
+TIMING = {"rollout_s", "env_wait_s", "env_step_s", "policy_busy_s", "policy_batch", "receive_s", "train_s",
+          "weight_sync_s", "iteration_s", "elapsed_s"}  # fmt: skip
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_a_stopped_run_resumes_exactly(tmp_path: Path, asynchronous: bool) -> None:
+    """SIGUSR2 after iteration 2 of 5: save, stop; the rerun resumes (env states, noise, actor,
+    and with async updates the rollout collected but not yet trained on) and ends with the
+    numbers of an uninterrupted run."""
+    sets = ["env.envs_per_rank=4", "ppo.rollout_steps=32", "ppo.minibatches=2", "ppo.iterations=5",
+            f"ppo.async_updates={str(asynchronous).lower()}"]  # fmt: skip
+    sets.append("flow.runner=job_workers:EMBODIED_INTERRUPT")
+    args = [f"--set={s}" for s in sets]
+    whole = rlinf(
+        "run",
+        str(CARTPOLE),
+        "--run-dir",
+        str(tmp_path / "whole"),
+        *args,
+        "--set=flow.options={after_step=99}",
+    )
+    assert whole.returncode == 0, whole.output
+    stop = ["--set=flow.options={after_step=2}"]
+    first = rlinf("run", str(CARTPOLE), "--run-dir", str(tmp_path / "cut"), *args, *stop)
+    assert first.returncode != 0 and "step 2" in first.output, first.output
+    again = rlinf("run", str(CARTPOLE), "--run-dir", str(tmp_path / "cut"), *args, *stop)
+    assert again.returncode == 0, again.output
+    assert _summary(tmp_path / "cut")["resumed_from_iteration"] == 2
+
+    def learning(run: Path) -> list[dict]:
+        records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+        return [{k: v for k, v in r.items() if k not in TIMING} for r in records]
+
+    assert learning(tmp_path / "cut") == learning(tmp_path / "whole")

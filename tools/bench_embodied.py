@@ -1,0 +1,148 @@
+"""Embodied PPO: env steps/s of the env/policy split against gymnasium's own vector env, the
+split with and without pipelining, and asynchronous against synchronous parameter updates.
+
+    python tools/bench_embodied.py [--env Hopper-v5] [--iterations 12] [--json out.json]
+
+Ratios (required bounds in REQUIRED):
+- ``split_vs_vector_env``: rollout env steps/s of the job (2 env ranks, 1 policy rank, 2
+  pipeline groups) / a single process stepping a ``gymnasium.vector.SyncVectorEnv`` of the same
+  instances with the same policy, one thread (the baseline a user writes first; same box).
+- ``pipelined_vs_unpipelined``: rollout env steps/s with ``env.pipeline_stages = 2`` / ``1``.
+- ``async_vs_sync``: mean wall seconds per update, synchronous / asynchronous updates; the final
+  returns of both (mean of the last 20 episodes) are reported next to it, at equal env steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchlib import check_ratios, write_json
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = REPO / "configs" / "embodied_ppo_cartpole.toml"
+REQUIRED = {
+    "split_vs_vector_env": (">=", 1.0),
+    "pipelined_vs_unpipelined": (">=", 1.1),
+    "async_vs_sync": (">=", 1.3),
+}
+
+
+def run_job(env_id: str, iterations: int, out: Path, sets: list[str]) -> dict:
+    """One embodied job; its per-iteration records and summary."""
+    args = [
+        str(Path(sys.executable).parent / "rlinf-hpc"), "run", str(CONFIG), "--run-dir", str(out),
+        f"--set=env.id={env_id}", f"--set=ppo.iterations={iterations}", *[f"--set={s}" for s in sets],
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=1800)
+    if done.returncode:
+        sys.exit(f"job failed ({' '.join(sets)}):\n{done.stderr[-3000:]}")
+    records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    return {"records": records, "summary": json.loads((out / "summary.json").read_text())}
+
+
+def rollout_rate(job: dict) -> float:
+    """Env steps per second of rollout time (training excluded), after the first iteration."""
+    first, *rest = job["records"]
+    per_rollout = first["env_steps"]  # every rollout is the same size
+    return per_rollout * len(rest) / sum(r["rollout_s"] for r in rest)
+
+
+def vector_env_rate(env_id: str, instances: int, steps: int, hidden: list[int]) -> float:
+    """Env steps/s of one process: SyncVectorEnv + the same MLP policy, one thread."""
+    import gymnasium as gym
+    import numpy as np
+    import torch
+
+    from rlinf_hpc.apps.embodied.envs import check_env_id
+    from rlinf_hpc.apps.embodied.model import ActorCritic
+
+    torch.set_num_threads(1)
+    spec = check_env_id(env_id)
+    model = ActorCritic(spec, hidden)
+    envs = gym.make_vec(env_id, num_envs=instances, vectorization_mode="sync")
+    obs, _ = envs.reset(seed=0)
+    rng = np.random.default_rng(0)
+    start = time.perf_counter()
+    for _ in range(steps):
+        noise = rng.random(instances) if spec.discrete else rng.standard_normal((instances, spec.action_dim))
+        actions, _ = model.act(
+            torch.as_tensor(obs, dtype=torch.float32), torch.as_tensor(noise, dtype=torch.float32)
+        )
+        actions = actions.numpy() if spec.discrete else np.clip(actions.numpy(), spec.low, spec.high)
+        obs, *_ = envs.step(actions)
+    envs.close()
+    return instances * steps / (time.perf_counter() - start)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--env", default="Hopper-v5", help="gymnasium id (default Hopper-v5: sim cost dominates)"
+    )
+    parser.add_argument("--iterations", type=int, default=12)
+    parser.add_argument("--envs-per-rank", type=int, default=16)
+    parser.add_argument("--rollout-steps", type=int, default=128)
+    parser.add_argument("--json", help="write ratios and raw figures here")
+    args = parser.parse_args()
+    base = [f"env.envs_per_rank={args.envs_per_rank}", f"ppo.rollout_steps={args.rollout_steps}"]
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        pipelined = run_job(args.env, args.iterations, root / "pipelined", [*base, "env.pipeline_stages=2"])
+        unpipelined = run_job(
+            args.env, args.iterations, root / "unpipelined", [*base, "env.pipeline_stages=1"]
+        )
+        asynchronous = run_job(
+            args.env,
+            args.iterations,
+            root / "async",
+            [*base, "env.pipeline_stages=2", "ppo.async_updates=true"],
+        )
+    vector = vector_env_rate(args.env, 2 * args.envs_per_rank, args.rollout_steps * 2, [64, 64])
+    split = rollout_rate(pipelined)
+    sync_update = pipelined["summary"]["mean_iteration_s"]
+    async_update = asynchronous["summary"]["mean_iteration_s"]
+    ratios = {
+        "split_vs_vector_env": split / vector,
+        "pipelined_vs_unpipelined": split / rollout_rate(unpipelined),
+        "async_vs_sync": sync_update / async_update,
+    }
+    raw = {
+        "env": args.env,
+        "env_steps_per_iteration": 2 * args.envs_per_rank * args.rollout_steps,
+        "split_rollout_steps_per_s": split,
+        "unpipelined_rollout_steps_per_s": rollout_rate(unpipelined),
+        "vector_env_steps_per_s": vector,
+        "sync_s_per_update": sync_update,
+        "async_s_per_update": async_update,
+        "sync_return_end": pipelined["summary"]["return_end"],
+        "async_return_end": asynchronous["summary"]["return_end"],
+        "cpus": len(os.sched_getaffinity(0)),
+    }
+    rows, ok = check_ratios(ratios, REQUIRED, not_yet_met=("async_vs_sync", "split_vs_vector_env"))
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"embodied PPO on {args.env} ({raw['cpus']} cpus)")
+    for column in ("ratio", "value", "required", "status"):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*row)
+    Console().print(table)
+    for key, value in raw.items():
+        print(f"  {key}: {value:.3f}" if isinstance(value, float) else f"  {key}: {value}")
+    write_json(args.json, {"ratios": ratios, "raw": raw})
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
