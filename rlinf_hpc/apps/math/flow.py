@@ -23,7 +23,7 @@ from rlinf_hpc.log import get_logger
 from rlinf_hpc.runtime.checkpoint.manager import checkpoints_of
 from rlinf_hpc.runtime.console import print_table
 from rlinf_hpc.runtime.metrics import MetricsLog, require_tensorboard
-from rlinf_hpc.runtime.plots import plot_training
+from rlinf_hpc.apps.math.plots import plot_training
 from rlinf_hpc.runtime.rundir import make_writable_dir
 from rlinf_hpc.scheduler import Coordinator, Pipeline
 

@@ -1,4 +1,4 @@
-"""PNG charts of a training run (matplotlib, no display needed)."""
+"""PNG charts of a math GRPO run (matplotlib, no display needed)."""
 
 from __future__ import annotations
 
