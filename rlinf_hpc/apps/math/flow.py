@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rlinf_hpc.apps.math.plots import plot_training
 from rlinf_hpc.apps.math.tasks import make_task
 from rlinf_hpc.apps.math.tasks.teacher import check_teacher
 from rlinf_hpc.config import Config
@@ -23,7 +24,6 @@ from rlinf_hpc.log import get_logger
 from rlinf_hpc.runtime.checkpoint.manager import checkpoints_of
 from rlinf_hpc.runtime.console import print_table
 from rlinf_hpc.runtime.metrics import MetricsLog, require_tensorboard
-from rlinf_hpc.apps.math.plots import plot_training
 from rlinf_hpc.runtime.rundir import make_writable_dir
 from rlinf_hpc.scheduler import Coordinator, Pipeline
 
