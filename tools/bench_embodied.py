@@ -92,9 +92,16 @@ def main() -> int:
     parser.add_argument("--iterations", type=int, default=12)
     parser.add_argument("--envs-per-rank", type=int, default=16)
     parser.add_argument("--rollout-steps", type=int, default=128)
+    parser.add_argument(
+        "--policy-batching", choices=("request", "merge"), default="request", help="ppo.policy_batching"
+    )
     parser.add_argument("--json", help="write ratios and raw figures here")
     args = parser.parse_args()
-    base = [f"env.envs_per_rank={args.envs_per_rank}", f"ppo.rollout_steps={args.rollout_steps}"]
+    base = [
+        f"env.envs_per_rank={args.envs_per_rank}",
+        f"ppo.rollout_steps={args.rollout_steps}",
+        f"ppo.policy_batching={args.policy_batching}",
+    ]
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         pipelined = run_job(args.env, args.iterations, root / "pipelined", [*base, "env.pipeline_stages=2"])
@@ -118,6 +125,7 @@ def main() -> int:
     }
     raw = {
         "env": args.env,
+        "policy_batching": args.policy_batching,
         "env_steps_per_iteration": 2 * args.envs_per_rank * args.rollout_steps,
         "split_rollout_steps_per_s": split,
         "unpipelined_rollout_steps_per_s": rollout_rate(unpipelined),

@@ -12,6 +12,7 @@ import sys
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from rlinf_hpc.errors import EXIT_USER_ERROR, UserError
 from rlinf_hpc.log import is_primary_rank
@@ -209,6 +210,27 @@ def _precheck_placement(config_path: str, overrides: list[str], num_ranks: int) 
     host = socket.gethostname()
     infos = [RankInfo(r, host, 0, r, cpus, gpus) for r in range(num_ranks)]
     plan_placement(config, build_topology(infos))
+    _precheck_app(config)
+
+
+def _precheck_app(config: Any) -> None:
+    """The app's own input checks (data files, model directory, environment ids) before any
+    rank starts: a mistake costs no launch. Rank 0 runs them again in the job (an in-place
+    srun/mpiexec start comes there without this); their warnings are left to it."""
+    import logging
+
+    from rlinf_hpc.config.apps import app_of
+
+    validate = app_of(config).validate_function()
+    if validate is None:
+        return
+    logger = logging.getLogger("rlinf_hpc")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        validate(config)
+    finally:
+        logger.setLevel(level)
 
 
 def _cmd_run(args: argparse.Namespace, argv: list[str]) -> int:
