@@ -56,13 +56,21 @@ def test_truncation_reports_the_final_observation_not_the_reset_one() -> None:
     assert not np.array_equal(last.final_obs, last.obs)  # obs is the next episode's first
 
 
-def test_bad_environments_are_user_errors() -> None:
+def test_bad_environments_are_user_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(UserError, match="Nearest registered: CartPole-v1"):
         check_env_id("CartPol-v1")
     with pytest.raises(UserError, match="takes flat vector observations"):
         check_env_id("Blackjack-v1")  # a Tuple observation space
     with pytest.raises(UserError, match="not accepted by gymnasium.make"):
         check_env_id("CartPole-v1", {"no_such_option": 1})
+    import gymnasium
+
+    def missing(*args: object, **kwargs: object) -> None:
+        raise ModuleNotFoundError("No module named 'mujoco'")  # what make() raises without it
+
+    monkeypatch.setattr(gymnasium, "make", missing)
+    with pytest.raises(UserError, match=r"Hopper-v5' needs a package that is not installed.*\[mujoco\]"):
+        check_env_id("Hopper-v5")
 
 
 def test_sampling_takes_its_randomness_from_the_caller() -> None:

@@ -72,9 +72,9 @@ def check_env_id(env_id: str, options: dict[str, Any] | None = None) -> Spec:
         raise UserError(f"env.id = '{env_id}' is not a registered gymnasium environment.{hint}")
     try:
         env = gym.make(env_id, **(options or {}))
-    except gym.error.DependencyNotInstalled as exc:
+    except (gym.error.DependencyNotInstalled, ImportError) as exc:
         raise UserError(
-            f"env.id = '{env_id}' needs a simulator package that is not installed ({exc}). For "
+            f"env.id = '{env_id}' needs a package that is not installed ({exc}). For "
             "MuJoCo tasks: pip install mujoco (the mujoco extra: pip install -e '.[mujoco]')."
         ) from None
     except TypeError as exc:
