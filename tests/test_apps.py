@@ -50,17 +50,25 @@ def test_apps_import_the_framework_only_one_way() -> None:
         assert not others, f"{path}: {others}"  # an app may reuse the framework, not another app
 
 
-def test_builtin_apps_are_registered_and_light_to_load() -> None:
-    assert {"hello", "toy_pipeline", "math_grpo"} <= set(registered_apps())
-    code = "import sys; from rlinf_hpc.config import load_config; load_config(sys.argv[1]); " \
-        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"  # fmt: skip
+@pytest.mark.parametrize("config", ["math_grpo_tiny.toml", "embodied_ppo_cartpole.toml"])
+def test_builtin_apps_are_registered_and_light_to_check(config: str) -> None:
+    """Loading a config and running its app's input checks (what `rlinf-hpc run` does before it
+    launches) imports no torch and no transformers: seconds on every launch otherwise."""
+    assert {"hello", "toy_pipeline", "math_grpo", "embodied_ppo"} <= set(registered_apps())
+    code = (
+        "import sys; from rlinf_hpc.config import load_config; from rlinf_hpc.config.apps import app_of; "
+        "c = load_config(sys.argv[1]); app_of(c).validate_function()(c); "
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    )
     import subprocess
 
     out = subprocess.run(
-        [sys.executable, "-c", code, str(REPO / "configs" / "math_grpo_tiny.toml")],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    assert out.stdout.strip() == "[]"  # validating a math config loads no model code
+        [sys.executable, "-c", code, str(REPO / "configs" / config)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.strip() == "[]"
 
 
 def _user_config(tmp_path: Path, extra: str = "") -> Path:

@@ -200,7 +200,7 @@ def test_a_torchvision_that_does_not_import_is_named_with_the_fix(
 
 
 def test_a_rollout_sharing_ranks_with_a_data_parallel_actor_is_refused_up_front() -> None:
-    from rlinf_hpc.apps.math.flow import check_vllm_placement
+    from rlinf_hpc.apps.math.checks import check_vllm_placement
     from rlinf_hpc.config.loader import load_config
 
     two = [f"components.{c}.num_ranks=2" for c in ("rollout", "reward", "inference", "actor")]

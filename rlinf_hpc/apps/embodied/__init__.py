@@ -8,7 +8,7 @@ from rlinf_hpc.config.apps import App
 APP = App(
     name="embodied_ppo",
     flow="rlinf_hpc.apps.embodied.flow:embodied_ppo_flow",
-    validate="rlinf_hpc.apps.embodied.flow:validate",
+    validate="rlinf_hpc.apps.embodied.checks:validate",
     sections={"env": EnvConfig, "ppo": PPOConfig},
     resumable_keys=("ppo.iterations",),
     fixed_keys=("env.id", "env.envs_per_rank", "env.pipeline_stages", "ppo.hidden_sizes"),

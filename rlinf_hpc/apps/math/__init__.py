@@ -8,7 +8,7 @@ from rlinf_hpc.config.apps import App
 APP = App(
     name="math_grpo",
     flow="rlinf_hpc.apps.math.flow:math_grpo_flow",
-    validate="rlinf_hpc.apps.math.flow:validate",
+    validate="rlinf_hpc.apps.math.checks:validate",
     sections={"task": TaskConfig, "model": ModelConfig, "sft": SFTConfig, "grpo": GRPOConfig},
     check=check_batches,
     resumable_keys=("grpo.steps", "grpo.eval_every", "grpo.tensorboard"),

@@ -16,99 +16,14 @@ from typing import Any
 
 from rlinf_hpc.apps.math.plots import plot_training
 from rlinf_hpc.apps.math.tasks import make_task
-from rlinf_hpc.apps.math.tasks.teacher import check_teacher
-from rlinf_hpc.config import Config
-from rlinf_hpc.engines.model import check_model_dir
 from rlinf_hpc.errors import UserError
 from rlinf_hpc.log import get_logger
 from rlinf_hpc.runtime.checkpoint.manager import checkpoints_of
 from rlinf_hpc.runtime.console import print_table
-from rlinf_hpc.runtime.metrics import MetricsLog, require_tensorboard
-from rlinf_hpc.runtime.rundir import make_writable_dir
+from rlinf_hpc.runtime.metrics import MetricsLog
 from rlinf_hpc.scheduler import Coordinator, Pipeline
 
 log = get_logger("grpo")
-
-COMPONENTS = ("rollout", "reward", "inference", "actor")
-CRITIC_WORKER = "rlinf_hpc.apps.math.critic:CriticWorker"
-
-
-def validate(config: Config) -> None:
-    """Before any worker starts: the components, the model directory, the data files."""
-    missing = [name for name in COMPONENTS if name not in config.components]
-    if missing:
-        raise UserError(
-            f"the math_grpo flow needs components {', '.join(COMPONENTS)}; the config lacks "
-            f"{', '.join(missing)} (add [components.{missing[0]}])."
-        )
-    ppo = config.grpo.algorithm == "ppo"
-    if ppo and "critic" not in config.components:
-        raise UserError(
-            'grpo.algorithm = "ppo" needs a critic: add [components.critic] with worker = '
-            f'"{CRITIC_WORKER}" (its own ranks, or the actor\'s with placement.mode = '
-            '"collocated"), or use grpo.algorithm = "grpo", which needs none.'
-        )
-    if not ppo and "critic" in config.components:
-        raise UserError(
-            f'the config has [components.critic] but grpo.algorithm = "{config.grpo.algorithm}" '
-            'has no critic: its ranks would idle. Remove the table or set grpo.algorithm = "ppo".'
-        )
-    if config.model.path:
-        check_model_dir(config.model.path)
-    if config.grpo.rollout_backend == "vllm":
-        from rlinf_hpc.engines.vllm_engine import check_vllm_install
-
-        wanted = config.components["rollout"].device
-        if wanted == "any":  # the rank's own device; rank 0's stands in for it here
-            import torch
-
-            wanted = "gpu" if torch.cuda.is_available() else "cpu"
-        check_vllm_install("cpu" if wanted == "cpu" else "cuda")
-        check_vllm_placement(config)
-    if config.grpo.tensorboard:
-        require_tensorboard()
-    make_task(config.task, config.job.seed)  # reads and checks JSONL files
-    check_teacher(config.sft, config.task)
-    check_cache_dir(config.sft.cache_dir)
-
-
-def check_vllm_placement(config: Config) -> None:
-    """An in-process vLLM engine starts a torch.distributed group of its own: it cannot share a
-    rank with a data-parallel (multi-rank) actor or critic, which needs one of its size."""
-    placement = config.placement
-    if placement.mode == "collocated":
-        together = [set(config.components)]
-    elif placement.mode == "hybrid":
-        together = [set(group) for group in placement.groups]
-    else:
-        return
-    for group in together:
-        if "rollout" not in group:
-            continue
-        parallel = [n for n in ("actor", "critic") if n in group and config.components[n].num_ranks > 1]
-        if parallel:
-            raise UserError(
-                f'grpo.rollout_backend = "vllm" with placement.mode = "{placement.mode}" puts the '
-                f"rollout on the ranks of the data-parallel {', '.join(parallel)} "
-                f"({config.components[parallel[0]].num_ranks} ranks). The in-process vLLM engine "
-                "starts a torch.distributed group of its own, DDP/DeepSpeed need one over their "
-                "ranks, and a process has one. Give the rollout its own ranks (a hybrid group "
-                'without the actor, or "disaggregated"), or use rollout_backend = "hf".'
-            )
-
-
-def check_cache_dir(cache_dir: str) -> None:
-    """Warn up front (not after training) when the warm-start cache cannot be written."""
-    if not cache_dir:
-        return
-    try:
-        make_writable_dir(Path(cache_dir).expanduser())
-    except OSError as exc:
-        log.warning(
-            "sft.cache_dir '%s' cannot be written (%s): the warm start will be trained but not "
-            "cached (set sft.cache_dir to a writable directory, or to \"\" to turn caching off)",
-            cache_dir, exc.strerror or exc,
-        )  # fmt: skip
 
 
 def check_inputs(coordinator: Coordinator) -> Any:

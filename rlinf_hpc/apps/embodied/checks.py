@@ -1,0 +1,52 @@
+"""The embodied app's input checks, run before any rank starts (by `rlinf-hpc run`, then by
+rank 0): components, placement, the environment id and spaces, the split of env over actor
+ranks. Imports no torch."""
+
+from __future__ import annotations
+
+from rlinf_hpc.apps.embodied.envs import check_env_id
+from rlinf_hpc.config import Config
+from rlinf_hpc.errors import UserError
+from rlinf_hpc.log import get_logger
+
+log = get_logger("embodied")
+
+COMPONENTS = ("env", "policy", "actor")
+
+
+def validate(config: Config) -> None:
+    """Before any worker starts: components, the environment, the split of env ranks."""
+    missing = [name for name in COMPONENTS if name not in config.components]
+    if missing:
+        raise UserError(
+            f"the embodied_ppo flow needs components {', '.join(COMPONENTS)}; the config lacks "
+            f"{', '.join(missing)} (add [components.{missing[0]}])."
+        )
+    for unit in config.placement_units():
+        if "env" in unit and "policy" in unit:
+            raise UserError(
+                f'placement.mode = "{config.placement.mode}" puts env and policy on the same ranks, '
+                "but an env rank waits for the policy's actions while it steps, so the two need ranks "
+                'of their own. Use "disaggregated", or "hybrid" with groups = [["policy", "actor"]] '
+                "(policy and actor time-share ranks; env ranks separate). Auto placement is not "
+                "offered for this app yet."
+            )
+    if config.ppo.async_updates and any("policy" in u and "actor" in u for u in config.placement_units()):
+        log.warning(
+            "ppo.async_updates with policy and actor on the same ranks: the next rollout and the "
+            "update take turns there instead of overlapping (give the actor ranks of its own)"
+        )
+    check_env_id(config.env.id, config.env.options)
+    envs, actors = config.components["env"].num_ranks, config.components["actor"].num_ranks
+    if envs % actors:
+        raise UserError(
+            f"components.env.num_ranks = {envs} cannot be split evenly over "
+            f"components.actor.num_ranks = {actors}: every actor rank trains on the rollouts of "
+            "the same number of env ranks (data parallel). Make env ranks a multiple of actor ranks."
+        )
+    samples = config.ppo.rollout_steps * config.env.envs_per_rank * envs // actors
+    if samples < config.ppo.minibatches:
+        raise UserError(
+            f"each actor rank gets {samples} transitions per rollout, fewer than ppo.minibatches = "
+            f"{config.ppo.minibatches}; raise ppo.rollout_steps or env.envs_per_rank."
+        )
