@@ -38,8 +38,9 @@ class App:
     """What an application declares to the framework.
 
     ``flow`` and ``validate`` are import paths (``module:function``) so that loading a config
-    imports no model code. ``validate(config)`` runs on rank 0 before any work starts (files,
-    model directories: raise `UserError`); ``check(config)`` runs inside config validation
+    imports no model code. ``validate(config)`` runs before any rank starts (in `rlinf-hpc run`,
+    then on rank 0; files, model directories: raise `UserError`) — keep its module free of
+    torch, or every launch pays for the import; ``check(config)`` runs inside config validation
     (checks across sections: raise ValueError, its message names the keys). The key patterns
     extend the checkpoint store's: ``resumable_keys`` may change between a run and its resume,
     ``fixed_keys`` never may (``"model."`` is a prefix, ``"grpo.steps"`` a key).

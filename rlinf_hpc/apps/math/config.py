@@ -2,7 +2,7 @@
 
 They join the framework's sections in the job's `Config` when ``[flow] runner = "math_grpo"``.
 Checks that need no machine run here, at config time (`check_batches` across sections); checks
-that need the job's files (model directory, JSONL data) run in `flow.validate`, before training.
+that need the job's files (model directory, JSONL data) run in `checks.validate`, before any rank starts.
 """
 
 from __future__ import annotations
