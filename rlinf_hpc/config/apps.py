@@ -158,6 +158,16 @@ def runner_of(data: Mapping[str, Any]) -> str:
     return runner if isinstance(runner, str) else FlowConfig.model_fields["runner"].default
 
 
+def require_components(config: Config, names: tuple[str, ...], flow: str) -> None:
+    """`UserError` naming the first missing one when ``config`` lacks any of ``names``."""
+    missing = [name for name in names if name not in config.components]
+    if missing:
+        raise UserError(
+            f"the {flow} flow needs components {', '.join(names)}; the config lacks "
+            f"{', '.join(missing)} (add [components.{missing[0]}])."
+        )
+
+
 def app_of(config: Config) -> App:
     """The app of a validated config."""
     return resolve_app(config.flow.runner)

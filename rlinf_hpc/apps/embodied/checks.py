@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from rlinf_hpc.apps.embodied.envs import check_env_id
 from rlinf_hpc.config import Config
+from rlinf_hpc.config.apps import require_components
 from rlinf_hpc.errors import UserError
 from rlinf_hpc.log import get_logger
 
@@ -16,12 +17,7 @@ COMPONENTS = ("env", "policy", "actor")
 
 def validate(config: Config) -> None:
     """Before any worker starts: components, the environment, the split of env ranks."""
-    missing = [name for name in COMPONENTS if name not in config.components]
-    if missing:
-        raise UserError(
-            f"the embodied_ppo flow needs components {', '.join(COMPONENTS)}; the config lacks "
-            f"{', '.join(missing)} (add [components.{missing[0]}])."
-        )
+    require_components(config, COMPONENTS, "embodied_ppo")
     for unit in config.placement_units():
         if "env" in unit and "policy" in unit:
             raise UserError(

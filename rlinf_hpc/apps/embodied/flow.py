@@ -116,7 +116,6 @@ def embodied_ppo_flow(coordinator: Coordinator) -> dict[str, Any]:
     checkpoints.finish(ppo.iterations, flow_state)
     metrics.close()
     wall = time.monotonic() - started
-    window = 20
     firsts = next((r["episode_returns"] for r in history if r["episode_returns"]), [])
     summary = {
         "env_id": env.id,
@@ -124,7 +123,7 @@ def embodied_ppo_flow(coordinator: Coordinator) -> dict[str, Any]:
         "env_steps": env_steps,
         "env_steps_per_s": env_steps / max(wall, 1e-9),
         "return_start": sum(firsts) / len(firsts) if firsts else None,
-        "return_end": sum(episodes[-window:]) / len(episodes[-window:]) if episodes else None,
+        "return_end": _recent_mean(episodes),
         "episodes": len(episodes),
         "async_updates": ppo.async_updates,
         "max_staleness_seen": max((r["staleness"] for r in history), default=0),
@@ -138,13 +137,21 @@ def embodied_ppo_flow(coordinator: Coordinator) -> dict[str, Any]:
         plot_returns(history, run_dir / "progress.png", f"{config.job.name}: {env.id}")
     print_table(
         f"embodied PPO on {env.id}",
-        ["iterations", "env steps", "steps/s", "return start", "return end (last 20)", "wall s"],
+        ["iterations", "env steps", "steps/s", "return start", f"return end (last {WINDOW})", "wall s"],
         [(
             str(ppo.iterations), str(env_steps), f"{summary['env_steps_per_s']:.0f}",
             f"{summary['return_start'] or 0:.1f}", f"{summary['return_end'] or 0:.1f}", f"{wall:.1f}",
         )],
     )  # fmt: skip
     return {"summary": summary}
+
+
+WINDOW = 20  #: episodes in the running mean of the returns (and in return_end)
+
+
+def _recent_mean(episodes: list[float]) -> float | None:
+    recent = episodes[-WINDOW:]
+    return sum(recent) / len(recent) if recent else None
 
 
 def _record(
@@ -159,13 +166,12 @@ def _record(
 ) -> dict[str, Any]:
     returns = collected["returns"]
     means = {k: sum(t[k] for t in trained) / len(trained) for k in trained[0] if k not in ("version",)}
-    recent = episodes[-20:]
     return {
         "iteration": iteration + 1,
         "env_steps": env_steps,
         "episode_returns": returns,
         "return_mean": sum(returns) / len(returns) if returns else None,
-        "return_recent": sum(recent) / len(recent) if recent else None,
+        "return_recent": _recent_mean(episodes),
         "episode_length_mean": sum(collected["lengths"]) / len(collected["lengths"]) if returns else None,
         **{
             k: collected[k]
@@ -185,9 +191,9 @@ _TIMES = ("rollout_s", "env_wait_s", "env_step_s", "policy_busy_s", "policy_batc
 def _log_iteration(record: dict[str, Any], iterations: int) -> None:
     recent = record["return_recent"]
     log.info(
-        "iteration %d/%d return %s (last 20 episodes) | %d env steps, rollout %.2f s train %.2f s "
+        "iteration %d/%d return %s (last %d episodes) | %d env steps, rollout %.2f s train %.2f s "
         "sync %.3f s, staleness %d, kl %.4f",
-        record["iteration"], iterations, "-" if recent is None else f"{recent:.1f}",
+        record["iteration"], iterations, "-" if recent is None else f"{recent:.1f}", WINDOW,
         record["env_steps"], record["rollout_s"], record["train_s"], record["weight_sync_s"],
         record["staleness"], record["approx_kl"],
     )  # fmt: skip
@@ -205,7 +211,7 @@ def plot_returns(history: list[dict[str, Any]], path: Any, title: str) -> None:
     axis.plot(
         xs,
         [r["return_recent"] for r in history if r["return_recent"] is not None],
-        label="mean of last 20 episodes",
+        label=f"mean of last {WINDOW} episodes",
     )
     for record in history:
         axis.scatter(

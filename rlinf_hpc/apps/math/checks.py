@@ -9,6 +9,7 @@ from pathlib import Path
 from rlinf_hpc.apps.math.tasks import make_task
 from rlinf_hpc.apps.math.tasks.teacher import check_teacher
 from rlinf_hpc.config import Config
+from rlinf_hpc.config.apps import require_components
 from rlinf_hpc.engines.model import check_model_dir
 from rlinf_hpc.errors import UserError
 from rlinf_hpc.log import get_logger
@@ -23,12 +24,7 @@ CRITIC_WORKER = "rlinf_hpc.apps.math.critic:CriticWorker"
 
 def validate(config: Config) -> None:
     """Before any worker starts: the components, the model directory, the data files."""
-    missing = [name for name in COMPONENTS if name not in config.components]
-    if missing:
-        raise UserError(
-            f"the math_grpo flow needs components {', '.join(COMPONENTS)}; the config lacks "
-            f"{', '.join(missing)} (add [components.{missing[0]}])."
-        )
+    require_components(config, COMPONENTS, "math_grpo")
     ppo = config.grpo.algorithm == "ppo"
     if ppo and "critic" not in config.components:
         raise UserError(
