@@ -123,6 +123,28 @@ def test_micro_batch_grows_under_memory_pressure(tmp_path: Path) -> None:
     assert max(s for stage in consumer for s in stage["micro_batch_sizes"]) > 8
 
 
+def test_fixed_micro_batches_are_full_even_when_items_trickle_in(tmp_path: Path) -> None:
+    """elastic = false: a fixed pipeline's stage waits for a whole micro-batch, although
+    backpressure lets only 2 items at a time be in flight to it (so no deadlock either); only
+    each rank's last one may be smaller."""
+    config = _write(
+        tmp_path,
+        "fixed",
+        '[components.producer]\nworker = "rlinf_hpc.apps.toy.workers:ToyStage"\n'
+        'options = { operation = "affine", seconds_per_item = 0.002 }\n'
+        '[components.consumer]\nworker = "rlinf_hpc.apps.toy.workers:ToyStage"\n'
+        'options = { operation = "negate" }\n'
+        "[pipeline]\nmicro_batch = 1\nmin_micro_batch = 1\nmax_micro_batch = 8\nelastic = false\n"
+        '[flow]\nrunner = "toy_pipeline"\noptions = { steps = 2, num_items = 44 }\n',
+    )
+    run = _run(
+        tmp_path, config, "pipeline.micro_batch=6", "pipeline.min_micro_batch=6", "pipeline.capacity=2"
+    )
+    for component in ("producer", "consumer"):  # one rank each: 7 full micro-batches, the rest
+        for stage in _stage(run["events"], component):
+            assert stage["micro_batch_sizes"] == [6] * 7 + [2], (component, stage)
+
+
 # Two synthetic workloads on 2 worker ranks: one favours collocated (unbalanced stages, nothing
 # to switch), one favours disaggregated (balanced stages, 128 MB of state per component to move
 # at every switch). Auto must pick what the manual runs measure as faster.

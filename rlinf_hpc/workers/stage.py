@@ -5,7 +5,9 @@ each (``method(batch) -> outputs``), puts the outputs into the output channel (o
 return when the stage is the last), and closes its output after the input ended. The
 micro-batch size is elastic (`rlinf_hpc.scheduler.elastic.ElasticBatching`): it halves while
 the downstream stage waits on this one and doubles under memory pressure; every change is
-logged with its reason and returned with the sizes. Each micro-batch is a timeline span.
+logged with its reason and returned with the sizes. Without ``elastic`` a micro-batch is exactly
+``micro_batch`` items (the stage waits for them; only the stream's last one may be smaller), as
+a fixed-micro-batch pipeline does. Each micro-batch is a timeline span.
 """
 
 from __future__ import annotations
@@ -51,11 +53,17 @@ def run_stage(worker: Worker, spec: StageSpec) -> dict[str, Any]:
     busy_s = wait_s = 0.0
     downstream_seen = 0.0
     hook = worker.comm.span_hook
-    while True:
+    ended = False
+    while not ended:
         asked = time.monotonic()
+        batch = []
         try:
             batch = source.get_batch(max_items=batching.size)
+            while not spec.elastic and len(batch) < batching.size:  # fixed: a full micro-batch
+                batch += source.get_batch(max_items=batching.size - len(batch))
         except EndOfStream:
+            ended = True
+        if not batch:
             wait_s += time.monotonic() - asked
             break
         started = time.monotonic()
