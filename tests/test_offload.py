@@ -127,3 +127,33 @@ def test_a_component_left_alone_on_its_rank_comes_back_from_the_host() -> None:
     assert b.model.weight.numel() == 0
     share.activate("b", {"b": b}, "full", "none")  # a left the rank
     assert torch.equal(b.model.weight, before)
+
+
+def test_a_worker_that_moves_its_own_state_is_switched_out_and_back_in() -> None:
+    """`Worker.switch_out`/`switch_in` (an engine's own sleep mode, an emulated device): called
+    once per switch, the bytes it reports counted, and it is back before its next command."""
+    from rlinf_hpc.runtime.timeline import Timeline
+    from rlinf_hpc.workers import Worker
+    from rlinf_hpc.workers.timeshare import DeviceTimeShare
+
+    class Engine(Worker):
+        def __init__(self) -> None:
+            self.calls: list[str] = []
+
+        def switch_out(self) -> int:
+            self.calls.append("out")
+            return 1000
+
+        def switch_in(self) -> None:
+            self.calls.append("in")
+
+    a, b = Engine(), Engine()
+    share = DeviceTimeShare(Timeline(1))
+    workers = {"a": a, "b": b}
+    assert share.activate("a", workers, "full", "none") > 0  # b goes out
+    share.activate("a", workers, "full", "none")  # nothing to do: b stays out, a stays in
+    share.activate("b", workers, "full", "none")  # a out, b back in
+    assert a.calls == ["out"] and b.calls == ["out", "in"]
+    assert [(name, moved) for name, _, moved, _ in share.history] == [("a", 1000), ("b", 1000)]
+    share.activate("a", workers, "light", "none")  # light: nobody moves
+    assert a.calls == ["out", "in"] and b.calls == ["out", "in"]

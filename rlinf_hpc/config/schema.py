@@ -205,6 +205,12 @@ class PipelineConfig(_Section):
         description="Items in flight between two stages on different ranks before the upstream "
         "stage waits (backpressure). Stages sharing ranks run one after the other: unbounded.",
     )
+    balance: Literal["performance_aware", "shortest_queue", "round_robin"] = Field(
+        "performance_aware",
+        description="How a stage's items are spread over the ranks of the next one (stages on the "
+        "same ranks keep them local): by measured speed, by queued weight, or evenly by count "
+        "(what a trainer that splits each batch into equal shards does).",
+    )
 
     @model_validator(mode="after")
     def _check_sizes(self) -> PipelineConfig:

@@ -4,7 +4,9 @@ The job starts with every component on every worker rank. After ``auto_warmup_st
 steps, each stage's measured seconds per item (busy time over items, per rank) and switch time
 become a `PhaseProfile`; `cost_model.predict` compares collocated against a disaggregated split
 of the worker ranks in proportion to the stages' work. If disaggregated wins, the coordinator
-re-partitions (ranks leave the components they no longer host, their state is torn down). The
+re-partitions (ranks leave the components they no longer host, their state is torn down). It
+also bounds each stage's largest micro-batch by its device memory (0.3 x (device - model
+state) / memory per sample, as measured in the warm-up) and logs the figure. The
 choice is logged and recorded with both predictions, and after the next step with the measured
 step time next to the predicted one.
 """
@@ -15,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlinf_hpc.log import get_logger
 from rlinf_hpc.scheduler.cost_model import PhaseProfile, Prediction, predict
+from rlinf_hpc.scheduler.elastic import micro_batch_bound
 
 if TYPE_CHECKING:
     from rlinf_hpc.scheduler.coordinator import Coordinator
@@ -96,7 +99,31 @@ class AutoPlacement:
                 measured_s=result.seconds,
             )
 
+    def _bound_micro_batches(self, pipeline: Pipeline) -> None:
+        """The largest micro-batch of each stage from its ranks' device memory (the seed's rule,
+        `micro_batch_bound`, with the memory per sample the warm-up measured), logged."""
+        for stage in pipeline.stages:
+            profiles = [
+                p for p in self.coordinator.group(stage.component).call("memory_profile").result() if p
+            ]
+            if not profiles:
+                continue
+            device = min(p["device_bytes"] for p in profiles)
+            state = max(p["state_bytes"] for p in profiles)
+            per_sample = max(p["bytes_per_sample"] for p in profiles)
+            bound = micro_batch_bound(device, state, per_sample)
+            pipeline.micro_batch_bounds[stage.component] = bound
+            log.info(
+                "auto: largest micro-batch of %s = 0.3 x (%.1f GB device - %.1f GB state) / %.3f GB "
+                "per sample = %d", stage.component, device / 1e9, state / 1e9, per_sample / 1e9, bound,
+            )  # fmt: skip
+            self.coordinator.record(
+                "auto_micro_batch_bound", component=stage.component, bound=bound, device_bytes=device,
+                state_bytes=state, bytes_per_sample=per_sample,
+            )  # fmt: skip
+
     def _decide(self, pipeline: Pipeline, result: StepResult, num_items: int) -> None:
+        self._bound_micro_batches(pipeline)
         profiles = profiles_from_step(pipeline, result)
         ranks = list(self.coordinator.worker_ranks)
         micro_batch = self.coordinator.config.pipeline.micro_batch

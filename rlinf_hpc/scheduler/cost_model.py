@@ -18,6 +18,15 @@ between consecutive phases::
 14.0
 >>> collocated_time([4.0, 12.0], switch_times=[0.3, 0.3])
 16.6
+
+`placement_time` predicts any placement from the ranks each stage has: stages on shared ranks
+form one pipeline stage (they take turns, paying their switches), disjoint rank sets pipeline:
+
+>>> a, b = PhaseProfile("a", 0.01), PhaseProfile("b", 0.03, switch_seconds=0.1)
+>>> placement_time([a, b], 64, 16, [{1, 2}, {1, 2}])  # collocated: 64 x 0.04 / 2 + switch
+1.38
+>>> placement_time([a, b], 64, 16, [{1}, {2}])  # 0.16 + 0.48 + 3 x 0.48
+2.08
 """
 
 from __future__ import annotations
@@ -100,3 +109,36 @@ def predict(profiles: list[PhaseProfile], num_items: int, micro_batch: int, num_
     ]
     apart = pipeline_time(stages, micro_batches)
     return Prediction(together, apart, ranks)
+
+
+def placement_time(
+    profiles: list[PhaseProfile],
+    num_items: int,
+    micro_batch: int,
+    stage_ranks: list[set[int]],
+    finish_seconds: list[float] | None = None,
+) -> float:
+    """Step time of the stages (in flow order) on the given ranks. Stages whose ranks overlap
+    are one pipeline stage, run one after the other (with their switch times); ``finish_seconds``
+    (a stage's once-per-step tail, e.g. an optimizer step) adds for the stages of the last one."""
+    if len(profiles) != len(stage_ranks) or not profiles:
+        raise ValueError("one rank set per stage profile")
+    finish_seconds = finish_seconds or [0.0] * len(profiles)
+    groups: list[tuple[set[int], list[int]]] = []
+    for index, ranks in enumerate(stage_ranks):
+        joined = next((g for g in groups if g[0] & ranks), None)
+        if joined is None:
+            groups.append((set(ranks), [index]))
+        else:
+            joined[0].update(ranks)
+            joined[1].append(index)
+    times, switches = [], 0.0
+    for ranks, members in groups:
+        work = sum(
+            micro_batch * profiles[i].seconds_per_item + profiles[i].overhead_per_micro_batch for i in members
+        )
+        times.append(work / len(ranks))
+        if len(members) > 1:
+            switches += sum(profiles[i].switch_seconds for i in members)
+    tail = sum(finish_seconds[i] for i in groups[-1][1])
+    return round(pipeline_time(times, math.ceil(num_items / micro_batch)) + switches + tail, 6)

@@ -6,6 +6,16 @@ Once the downstream stage keeps up again (waits under a quarter of the threshold
 ``patience`` micro-batches in a row) a shrunken size doubles back toward the size it started
 from, so one slow start (pipeline fill) does not leave a stage at tiny micro-batches for good.
 
+A change must pay for itself. Given the seconds each micro-batch took (``items``,
+``seconds``), the controller keeps the per-item time at each size, and a halving is on
+probation for ``patience`` micro-batches: if the smaller size costs more than
+``batch_penalty`` times as much per item, it goes back and never below again — a batch-bound
+stage (batched decoding, whose call waits on its longest response) loses more to small
+batches than the downstream wait saves. Such a stage, still waited on, then tries the double
+size, and keeps it only if it is cheaper per item by that factor. A stage whose per-item cost
+does not depend on the size (most compute-bound ones) just shrinks, as the seed's rule says.
+What was learnt lives in a ``knowledge`` dict the caller carries from step to step (`adopt`).
+
 Every change is returned with its reason so the runtime can log it and put it in the metrics.
 
 >>> batching = ElasticBatching(minimum=8, maximum=256, size=64, wait_threshold_s=0.05)
@@ -17,11 +27,33 @@ Every change is returned with its reason so the runtime can log it and put it in
 (64, None)
 >>> batching.update(0.2, 0.3)[0], [batching.update(0.0, 0.3)[0] for _ in range(4)]
 (32, [32, 32, 32, 64])
+
+A batch-bound stage (one second per call whatever its size, up to 64):
+
+>>> bound = ElasticBatching(minimum=8, maximum=128, size=32, wait_threshold_s=0.05)
+>>> bound.update(0.2, 0.3, items=32, seconds=1.0)
+(16, 'downstream waited 0.200 s on upstream (> 0.050 s): halve to 16')
+>>> [bound.update(0.2, 0.3, items=16, seconds=1.0)[0] for _ in range(3)]  # on probation
+[16, 16, 16]
+>>> bound.update(0.2, 0.3, items=16, seconds=1.0)[1]
+'per-item time at 16 is 2.0x that at 32 (> 1.25x): back to 32, and no smaller from now on'
+>>> bound.update(0.2, 0.3, items=32, seconds=1.0)[1]
+'downstream waits, and smaller micro-batches cost more per item here: try 64'
+>>> [bound.update(0.2, 0.3, items=64, seconds=1.0)[0] for _ in range(4)]  # half the cost: kept
+[64, 64, 64, 64]
+>>> bound.update(0.2, 0.3, items=64, seconds=1.0)[1]
+'downstream waits, and smaller micro-batches cost more per item here: try 128'
+>>> [bound.update(0.2, 0.3, items=128, seconds=2.0)[0] for _ in range(4)]  # no cheaper: back
+[128, 128, 128, 64]
+>>> [bound.update(0.2, 0.3, items=64, seconds=1.0)[0] for _ in range(3)]  # and stays
+[64, 64, 64]
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -39,6 +71,8 @@ class ElasticBatching:
     patience: int = 4
     #: The size a shrunken one grows back to (default: ``size`` at construction).
     start: int | None = None
+    #: A smaller size may cost at most this much more per item than the current one.
+    batch_penalty: float = 1.25
     #: (old size, new size, reason) of every change so far.
     history: list[tuple[int, int, str]] = field(default_factory=list)
 
@@ -50,25 +84,102 @@ class ElasticBatching:
         self.size = min(max(self.size, self.minimum), self.maximum)
         self.start = min(max(self.start or self.size, self.minimum), self.maximum)
         self._calm = 0
+        self.adopt({})
 
-    def update(self, downstream_wait_s: float, memory_fraction: float) -> tuple[int, str | None]:
-        """The size for the next micro-batch, and why it changed (None if it did not)."""
+    def adopt(self, knowledge: dict[str, Any]) -> None:
+        """Keep what is learnt in ``knowledge`` (the caller's, carried from one step's
+        controller to the next): per-item seconds per size, the sizes found not worth going
+        below or above, and a change still on probation."""
+        self._k = knowledge
+        knowledge.setdefault("per_item", {})
+        knowledge.setdefault("floor", self.minimum)
+        knowledge.setdefault("ceiling", self.maximum)
+        knowledge.setdefault("trial", None)  # the size before a change on probation
+        knowledge.setdefault("since", 0)  # micro-batches since the last change
+
+    def _ratio(self, a: int, b: int) -> float | None:
+        """Per-item time at size ``a`` over that at ``b`` (None: one of them not measured)."""
+        per_item = self._k["per_item"]
+        a, b = _bucket(a), _bucket(b)
+        if a not in per_item or b not in per_item:
+            return None
+        return per_item[a] / max(per_item[b], 1e-12)
+
+    def update(
+        self,
+        downstream_wait_s: float,
+        memory_fraction: float,
+        items: int | None = None,
+        seconds: float | None = None,
+    ) -> tuple[int, str | None]:
+        """The size for the next micro-batch, and why it changed (None if it did not). ``items``
+        and ``seconds``: the micro-batch just done, for the per-item cost at its size."""
+        k = self._k
         old = self.size
         reason = None
+        if items and seconds is not None:
+            size = _bucket(items)  # a short micro-batch counts for the nearest power of two
+            last = k["per_item"].get(size)
+            k["per_item"][size] = seconds / items if last is None else 0.5 * (last + seconds / items)
+        k["since"] += 1
         calm = downstream_wait_s < self.wait_threshold_s / 4
-        if memory_fraction > self.memory_threshold and self.size < self.maximum:
+        trial = k["trial"] if k["since"] >= self.patience else None
+        ratio = self._ratio(old, trial) if trial is not None else None
+        if trial is not None:
+            k["trial"] = None
+        if ratio is not None and old < trial and ratio > self.batch_penalty:
+            self.size = k["floor"] = trial
+            reason = (
+                f"per-item time at {old} is {ratio:.1f}x that at {trial} "
+                f"(> {self.batch_penalty:g}x): back to {trial}, and no smaller from now on"
+            )
+        elif ratio is not None and old > trial and ratio * self.batch_penalty > 1:
+            self.size = k["ceiling"] = trial
+            reason = (
+                f"per-item time at {old} is {ratio:.2f}x that at {trial} (not "
+                f"{1 / self.batch_penalty:.2f}x or less): back to {trial}, and no larger from now on"
+            )
+        elif ratio is not None and old > trial:
+            k["floor"] = old  # the larger size was worth it: the smaller one is known costlier
+        elif memory_fraction > self.memory_threshold and self.size < self.maximum:
             self.size = min(self.size * 2, self.maximum)
             reason = f"memory at {memory_fraction:.0%} (> {self.memory_threshold:.0%}): double to {self.size}"
-        elif downstream_wait_s > self.wait_threshold_s and self.size > self.minimum:
-            self.size = max(self.size // 2, self.minimum)
-            reason = (
-                f"downstream waited {downstream_wait_s:.3f} s on upstream "
-                f"(> {self.wait_threshold_s:.3f} s): halve to {self.size}"
-            )
-        elif calm and self._calm + 1 >= self.patience and self.size < self.start:
-            self.size = min(self.size * 2, self.start)
+        elif downstream_wait_s > self.wait_threshold_s and k["trial"] is None:
+            smaller = max(self.size // 2, self.minimum, k["floor"])
+            larger = min(self.size * 2, self.maximum, k["ceiling"])
+            if smaller < self.size:
+                self.size = smaller
+                reason = (
+                    f"downstream waited {downstream_wait_s:.3f} s on upstream "
+                    f"(> {self.wait_threshold_s:.3f} s): halve to {self.size}"
+                )
+            elif k["floor"] > self.minimum and larger > self.size:  # batch-bound: try larger
+                self.size = larger
+                reason = f"downstream waits, and smaller micro-batches cost more per item here: try {larger}"
+            if reason is not None and items:  # judged only when costs are known
+                k["trial"] = old
+        elif calm and self._calm + 1 >= self.patience and self.size < self.start:  # type: ignore[operator]
+            self.size = min(self.size * 2, self.start)  # type: ignore[type-var]
             reason = f"downstream kept up for {self.patience} micro-batches: grow back to {self.size}"
         self._calm = self._calm + 1 if calm and reason is None else 0
         if reason is not None:
+            k["since"] = 0
             self.history.append((old, self.size, reason))
         return self.size, reason
+
+
+def _bucket(items: int) -> int:
+    """The power of two nearest to ``items`` (per-item costs are kept per bucket)."""
+    return 1 << max(0, round(math.log2(max(1, items))))
+
+
+def micro_batch_bound(device_bytes: float, state_bytes: float, bytes_per_sample: float) -> int:
+    """The seed's rule for the largest micro-batch: 0.3 x (device memory - model state) /
+    memory per sample (at least 1).
+
+    >>> micro_batch_bound(80e9, 15.2e9, 0.06e9)
+    324
+    """
+    if bytes_per_sample <= 0:
+        raise ValueError("bytes_per_sample must be > 0")
+    return max(1, int(0.3 * max(0.0, device_bytes - state_bytes) / bytes_per_sample))

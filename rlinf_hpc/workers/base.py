@@ -115,6 +115,15 @@ class Worker:
         this rank: an ``nn.Module``, or ``(module, optimizer)``; None (default) for nothing."""
         return None
 
+    def switch_out(self) -> int | None:
+        """A full switch done by the worker itself, for state `switch_state` cannot hand over
+        (an inference engine's own sleep mode, an emulated device): move it off the device and
+        return the bytes moved. None (default): nothing of its own to move."""
+        return None
+
+    def switch_in(self) -> None:
+        """Bring back what `switch_out` moved, before this component runs again."""
+
     def release_caches(self) -> None:
         """Free transient buffers and caches (a light switch); weights stay."""
 
@@ -137,6 +146,15 @@ class Worker:
         elastic micro-batch grows above ``pipeline.memory_threshold``. Override to report
         what matters to the component (e.g. KV-cache fill)."""
         return device_memory_fraction(self.device)
+
+    def memory_profile(self) -> dict[str, float] | None:
+        """What ``auto`` sizes this stage's largest micro-batch from
+        (`rlinf_hpc.scheduler.elastic.micro_batch_bound`): ``device_bytes``, ``state_bytes``
+        (resident model state) and ``bytes_per_sample``. The
+        default measures it on CUDA ranks during the stage's micro-batches (peak allocation
+        over the samples); None on CPU ranks (no device memory to bound)."""
+        meter = getattr(self, "_sample_memory", None)
+        return meter.profile() if meter is not None else None
 
     def on_regroup(self) -> None:
         """Called after a re-partition changed this worker's group (``self.group`` is new)."""

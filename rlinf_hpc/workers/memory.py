@@ -25,3 +25,43 @@ def device_memory_fraction(device: str) -> float:
         free, total = torch.cuda.mem_get_info(torch.device(device))
         return 1.0 - free / total
     return host_memory_fraction()
+
+
+class SampleMemory:
+    """Peak device memory per sample of a stage's micro-batches, measured on CUDA ranks
+    (``torch.cuda`` peak statistics around each call); nothing on CPU ranks."""
+
+    def __init__(self, device: str) -> None:
+        torch = sys.modules.get("torch")
+        self.cuda = device.startswith("cuda") and torch is not None and torch.cuda.is_initialized()
+        self.device = device
+        self.bytes_per_sample = 0.0
+        self.state_bytes = 0.0
+        self._before = 0
+
+    def start(self) -> None:
+        if self.cuda:
+            import torch
+
+            self._before = torch.cuda.memory_allocated(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def stop(self, items: int) -> None:
+        if self.cuda and items:
+            import torch
+
+            peak = torch.cuda.max_memory_allocated(self.device) - self._before
+            self.bytes_per_sample = max(self.bytes_per_sample, peak / items)
+            self.state_bytes = max(self.state_bytes, float(self._before))
+
+    def profile(self) -> dict[str, float] | None:
+        if not self.cuda or self.bytes_per_sample <= 0:
+            return None
+        import torch
+
+        total = torch.cuda.get_device_properties(torch.device(self.device)).total_memory
+        return {
+            "device_bytes": float(total),
+            "state_bytes": self.state_bytes,
+            "bytes_per_sample": self.bytes_per_sample,
+        }

@@ -2,22 +2,28 @@
 
 `run_stage` takes micro-batches from the stage's input channel, calls the worker's method on
 each (``method(batch) -> outputs``), puts the outputs into the output channel (or keeps them to
-return when the stage is the last), and closes its output after the input ended. The
+return when the stage is the last), and closes its output after the input ended. A method that
+is a generator streams: each list it yields goes downstream at once (a continuous-batching
+engine handing over the responses that finished while the rest of its batch still decodes). The
 micro-batch size is elastic (`rlinf_hpc.scheduler.elastic.ElasticBatching`): it halves while
-the downstream stage waits on this one and doubles under memory pressure; every change is
+the downstream stage waits on this one (unless smaller micro-batches cost it much more per item)
+and doubles under memory pressure; every change is
 logged with its reason and returned with the sizes. Without ``elastic`` a micro-batch is exactly
 ``micro_batch`` items (the stage waits for them; only the stream's last one may be smaller), as
-a fixed-micro-batch pipeline does. Each micro-batch is a timeline span.
+a fixed-micro-batch pipeline does; an elastic one takes what arrives within ``wait_threshold_s``
+of its first item, up to its size (a dynamic batcher's deadline). Each micro-batch is a timeline span.
 """
 
 from __future__ import annotations
 
+import inspect
 import time
 from typing import TYPE_CHECKING, Any
 
 from rlinf_hpc.channel import EndOfStream
 from rlinf_hpc.scheduler.elastic import ElasticBatching
 from rlinf_hpc.scheduler.protocol import StageSpec
+from rlinf_hpc.workers.memory import SampleMemory
 
 if TYPE_CHECKING:
     from rlinf_hpc.workers.base import Worker
@@ -38,7 +44,7 @@ def run_stage(worker: Worker, spec: StageSpec) -> dict[str, Any]:
         raise AttributeError(f"{name} has no public method '{spec.method}' to run as a stage")
     source = worker.channel(spec.source)
     sink = worker.channel(spec.sink) if spec.sink else None
-    carried = worker.stage_sizes  # sizes carry over between steps
+    carried = worker.stage_sizes  # sizes carry over between steps (and into checkpoints)
     batching = ElasticBatching(
         spec.min_micro_batch,
         spec.max_micro_batch,
@@ -47,6 +53,11 @@ def run_stage(worker: Worker, spec: StageSpec) -> dict[str, Any]:
         spec.memory_threshold,
         start=spec.micro_batch,
     )
+    key = (spec.method, spec.min_micro_batch, spec.max_micro_batch, spec.micro_batch)
+    batching.adopt(worker.__dict__.setdefault("_elastic_knowledge", {}).setdefault(key, {}))
+    meter = worker.__dict__.get("_sample_memory")
+    if meter is None:
+        meter = worker.__dict__["_sample_memory"] = SampleMemory(worker.device)
     outputs: list[Any] = []
     sizes: list[int] = []
     changes: list[dict[str, Any]] = []
@@ -69,21 +80,28 @@ def run_stage(worker: Worker, spec: StageSpec) -> dict[str, Any]:
         started = time.monotonic()
         wait_s += started - asked
         wall_start = time.time()
+        meter.start()
         produced = method(batch)
-        busy_s += time.monotonic() - started
+        chunks = produced if inspect.isgenerator(produced) else [produced]
+        for chunk in chunks:  # a generator streams its outputs as they are ready
+            if chunk is not None:
+                chunk = list(chunk)
+                if sink is not None:
+                    sink.put_batch(chunk, [_weight(x, spec.weight_key) for x in chunk])
+                else:
+                    outputs.extend(chunk)
+        meter.stop(len(batch))
+        took = time.monotonic() - started
+        busy_s += took
         if hook is not None:
             name = f"{worker.component}.{spec.method}"
             hook(name, "micro-batch", worker.component, wall_start, time.time(), items=len(batch))
         sizes.append(len(batch))
-        if produced is not None:
-            produced = list(produced)
-            if sink is not None:
-                sink.put_batch(produced, [_weight(x, spec.weight_key) for x in produced])
-            else:
-                outputs.extend(produced)
         if spec.elastic:
             downstream = sink.downstream_wait_s() if sink is not None else 0.0
-            size, reason = batching.update(downstream - downstream_seen, worker.memory_fraction())
+            size, reason = batching.update(
+                downstream - downstream_seen, worker.memory_fraction(), len(batch), took
+            )
             downstream_seen = downstream
             if reason is not None:
                 worker.log.info("micro-batch of %s: %s", spec.method, reason)

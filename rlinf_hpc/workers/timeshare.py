@@ -3,7 +3,9 @@
 Before a command runs for component X on a rank that hosts several components, the rank makes
 X resident: with ``switch = "full"`` every other resident component's state (whatever its
 worker returns from `Worker.switch_state`: a model and optionally its optimizer) moves to host
-memory and X's comes back, bit for bit; with ``"light"`` the others only `release_caches`.
+memory and X's comes back, bit for bit (a worker whose state the runtime cannot move, such as
+an inference engine with a sleep mode of its own, moves it in `Worker.switch_out` /
+`switch_in` instead); with ``"light"`` the others only `release_caches`.
 Each switch is a timeline span (category ``switch``) with its seconds and compression ratio.
 """
 
@@ -29,6 +31,8 @@ class DeviceTimeShare:
         self.timeline = timeline
         self._switches: dict[str, ModuleSwitch] = {}
         self._offloaded: set[str] = set()
+        #: Offloaded components whose worker moved its state itself (`Worker.switch_out`).
+        self._self_moved: set[str] = set()
         #: (component switched in, seconds, bytes moved, compression ratio) of every switch.
         self.history: list[tuple[str, float, int, float]] = []
 
@@ -38,6 +42,7 @@ class DeviceTimeShare:
         if switch is not None and component in self._offloaded:
             switch.onload()
         self._offloaded.discard(component)
+        self._self_moved.discard(component)
 
     def activate(self, component: str, workers: dict[str, Worker], mode: str, offload: str) -> float:
         """Make ``component`` resident before it runs (no-op with one component or ``off``,
@@ -60,9 +65,17 @@ class DeviceTimeShare:
                 self._offloaded.add(name)
                 moved += snapshot.raw_bytes
                 ratios.append(snapshot.ratio)
+            elif (own := worker.switch_out()) is not None:  # the worker moves its state itself
+                self._offloaded.add(name)
+                self._self_moved.add(name)
+                moved += own
         onloaded = component in self._offloaded
         if onloaded:
-            self._switches[component].onload()
+            if component in self._self_moved:
+                workers[component].switch_in()
+                self._self_moved.discard(component)
+            else:
+                self._switches[component].onload()
             self._offloaded.discard(component)
         seconds = time.time() - start
         switched = bool(moved) or onloaded or mode == "light"
@@ -85,7 +98,8 @@ class DeviceTimeShare:
     def host_view(self, component: str) -> Iterator[None]:
         """Run the body with ``component``'s state readable where it is: resident, or (when it
         is switched out) its host copy — nothing is moved back to the device."""
-        switch = self._switches.get(component) if component in self._offloaded else None
+        moved = component in self._offloaded and component not in self._self_moved
+        switch = self._switches.get(component) if moved else None
         with switch.host_view() if switch is not None else nullcontext():
             yield
 

@@ -1,0 +1,34 @@
+"""The emulated workload's config section: [emulation] (which cost profile, how fast)."""
+
+from __future__ import annotations
+
+from pydantic import Field, field_validator
+
+from rlinf_hpc.config.section import Section
+
+
+class EmulationConfig(Section):
+    """[emulation]: stages that *sleep* what a real device would spend (`profiles.PROFILES`),
+    so 8-32 ranks fit on a small box without competing for its cores."""
+
+    profile: str = Field(
+        "grpo-7b",
+        description="Cost profile: grpo-7b, grpo-1.5b, grpo-32b (long-tailed generation), embodied "
+        "(CPU simulators, policy and actor on devices). The components must be the profile's stages.",
+    )
+    time_scale: float = Field(
+        0.01, gt=0, le=1, description="Seconds slept per emulated second (0.01: a 300 s step in 3 s)."
+    )
+    steps: int = Field(6, ge=1, description="RL steps.")
+    samples_per_step: int | None = Field(
+        None, ge=1, description="Responses (or transitions) per step; default: the profile's."
+    )
+
+    @field_validator("profile")
+    @classmethod
+    def _known(cls, value: str) -> str:
+        from rlinf_hpc.apps.emulated.profiles import PROFILES
+
+        if value not in PROFILES:
+            raise ValueError(f"'{value}' is not a profile; choose one of {', '.join(PROFILES)}")
+        return value

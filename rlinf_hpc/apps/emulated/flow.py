@@ -1,0 +1,122 @@
+"""The `emulated_rl` flow: the math job's macro flow (stages in profile order, a weight sync
+after each step) over `EmulatedStage` workers, measuring what the scale benchmark reports.
+
+Per step (``metrics.jsonl``): step time, the weight sync, each stage's busy time and mean
+micro-batch, the **idle fraction** of the worker ranks (1 - work at full efficiency / (ranks x
+step time): long-tail waiting, pipeline bubbles, switches and syncs all count as idle), the
+**coordinator's own CPU time** in the step (rank 0's process time: the runtime's overhead at
+this scale), and after the first step the **cost model's prediction** of this placement's step
+time (`scheduler.cost_model.placement_time` from the first step's measurements) next to the
+measured one. The response lengths are a function of (job seed, step), the same in every mode.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any
+
+from rlinf_hpc.apps.emulated.profiles import PROFILES, Profile
+from rlinf_hpc.log import get_logger
+from rlinf_hpc.runtime.console import print_table
+from rlinf_hpc.runtime.metrics import MetricsLog
+from rlinf_hpc.scheduler import Coordinator, Pipeline
+from rlinf_hpc.scheduler.cost_model import PhaseProfile, placement_time
+
+log = get_logger("emulated")
+
+
+def sync_weights(coordinator: Coordinator, profile: Profile) -> float:
+    """Actor rank 0 -> every rank of the profile's ``sync_to`` stages, bandwidth-scaled."""
+    started = time.monotonic()
+    push = coordinator.group("actor").subset([0]).call("send_weights")
+    pulls = [coordinator.group(name).call("receive_weights") for name in profile.sync_to]
+    push.result()
+    for pull in pulls:
+        pull.result()
+    return time.monotonic() - started
+
+
+def predict(pipe: Pipeline, result: Any, num_items: int, sync_s: float) -> float:
+    """This placement's step time by the cost model, from what ``result``'s step measured."""
+    profiles, finishes, ranks = [], [], []
+    for stage, replies in zip(pipe.stages, result.per_rank, strict=True):
+        items = sum(r["items"] for r in replies)
+        busy = sum(r["busy_s"] for r in replies)
+        switch = sum(r["switch_s"] for r in replies) / len(replies)
+        profiles.append(PhaseProfile(stage.component, busy / max(1, items), 0.0, switch))
+        finishes.append(sum(r["finish_s"] for r in replies) / len(replies))
+        ranks.append({r["rank"] for r in replies})
+    sizes = [s for stage in result.stages for s in stage["micro_batch_sizes"]]
+    micro_batch = max(1, round(sum(sizes) / len(sizes)))
+    return placement_time(profiles, num_items, micro_batch, ranks, finishes) + sync_s
+
+
+def emulated_rl_flow(coordinator: Coordinator) -> dict[str, Any]:
+    config = coordinator.config
+    emulation = config.emulation
+    profile = PROFILES[emulation.profile]
+    samples = emulation.samples_per_step or profile.samples_per_step
+    workers = len(coordinator.worker_ranks)
+    log.info(
+        "EMULATION (sleep-costed stages, not a measurement of real devices): %s, %d samples per "
+        "step, time scale %g, %d worker ranks", profile.description, samples, emulation.time_scale, workers,
+    )  # fmt: skip
+    pipe = Pipeline(coordinator, "emulated")
+    for name in profile.stages:
+        pipe.stage(name, "process", finish="finish", weight_key="length")
+    metrics = MetricsLog(coordinator.run_dir, False)
+    history: list[dict[str, Any]] = []
+    predicted: float | None = None
+    predicted_for = ""  # the placement the prediction is for (auto changes it after warm-up)
+    for step in range(emulation.steps):
+        lengths = profile.lengths(random.Random(f"{config.job.seed}:{step}"), samples)
+        items = [{"uid": i, "length": length} for i, length in enumerate(lengths)]
+        cpu = time.process_time()
+        result = pipe.run(items, [float(length) for length in lengths])
+        sync_s = sync_weights(coordinator, profile)
+        coordinator_cpu_s = time.process_time() - cpu
+        step_s = result.seconds + sync_s
+        useful = sum(s["useful_s"] for stats in result.finished.values() for s in stats)
+        record: dict[str, Any] = {
+            "step": step + 1,
+            "emulated": True,
+            "profile": profile.name,
+            "step_s": round(step_s, 4),
+            "weight_sync_s": round(sync_s, 4),
+            "samples": samples,
+            "tokens": sum(lengths),
+            "tokens_per_s": round(sum(lengths) / step_s, 1),
+            "idle_fraction": round(max(0.0, 1.0 - useful / (workers * step_s)), 4),
+            "coordinator_cpu_s": round(coordinator_cpu_s, 4),
+            "coordinator_busy_fraction": round(coordinator_cpu_s / step_s, 4),
+            "placement": result.placement,
+            "phases_s": {s["component"]: round(s["busy_s"], 4) for s in result.stages},
+            "switch_s": round(sum(s["switch_s"] for s in result.stages), 4),
+            "micro_batch": {s["component"]: round(s["mean_micro_batch"], 2) for s in result.stages},
+        }
+        if result.placement == predicted_for and predicted is not None:
+            record["predicted_step_s"] = round(predicted, 4)
+        else:  # the first step of a placement calibrates the cost model for the next ones
+            predicted, predicted_for = predict(pipe, result, samples, sync_s), result.placement
+        history.append(record)
+        metrics.write(step + 1, record)
+        log.info(
+            "step %d/%d %.3f s (sync %.3f) idle %.0f%% coordinator %.1f%% %s | %s",
+            step + 1, emulation.steps, step_s, sync_s, 100 * record["idle_fraction"],
+            100 * record["coordinator_busy_fraction"], result.placement,
+            " ".join(f"{k}:{v}" for k, v in record["micro_batch"].items()),
+        )  # fmt: skip
+    pipe.close()
+    metrics.close()
+    print_table(
+        f"EMULATED {profile.name} on {workers} worker ranks ({pipe.placement_label})",
+        ["step", "step s", "predicted s", "idle", "coordinator", "placement"],
+        [
+            (str(r["step"]), f"{r['step_s']:.3f}", f"{r.get('predicted_step_s', float('nan')):.3f}",
+             f"{100 * r['idle_fraction']:.0f}%", f"{100 * r['coordinator_busy_fraction']:.1f}%",
+             r["placement"])
+            for r in history
+        ],
+    )  # fmt: skip
+    return {"summary": {"emulated": True, "profile": profile.name, "placement": pipe.placement_label}}

@@ -1,0 +1,128 @@
+"""`EmulatedStage`: one rank's emulated device running one stage of the profile.
+
+It sleeps what the profile says the stage costs on the micro-batch it gets (items are
+``{"uid", "length"}``), holds the profile's memory on its device, pays the profile's switch
+costs when the time-share moves it (`switch_out`/`switch_in`, `release_caches`), and reports,
+per step, the time the work would take at full efficiency (``useful_s``) next to the time it
+slept, so the flow can tell device idleness from work.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from rlinf_hpc.apps.emulated.profiles import PROFILES
+from rlinf_hpc.workers.base import Worker
+
+GB = 1e9
+
+
+class EmulatedStage(Worker):
+    def setup(self) -> None:
+        emulation = self.job_config.emulation  # type: ignore[union-attr]
+        self.profile = PROFILES[emulation.profile]
+        self.cost = self.profile.stages[self.component]
+        self.scale = emulation.time_scale
+        self._in_work = 0  # samples of the micro-batch in work (device memory)
+        self._reset()
+
+    def _reset(self) -> None:
+        self._items = self._tokens = 0
+        self._slept = self._useful = 0.0
+
+    def _sleep(self, seconds: float) -> None:
+        if seconds > 0:
+            time.sleep(seconds * self.scale)
+
+    # -- the stage ---------------------------------------------------------------------------
+    def process(self, batch: list[dict[str, Any]]) -> Any:
+        """The micro-batch's cost, slept; a rollout streams each response when it is done."""
+        lengths = [item["length"] for item in batch]
+        self._in_work = len(batch)  # held until the next call: the elastic rule reads it after
+        if self.cost.kind == "generate":
+            return self._generate(batch, lengths)
+        seconds = self.profile.stage_seconds(self.component, lengths)
+        self._sleep(seconds)
+        self._account(lengths, seconds)
+        return batch
+
+    def _generate(self, batch: list[dict[str, Any]], lengths: list[int]) -> Iterator[list[dict[str, Any]]]:
+        seconds, ends = self.profile.rollout_schedule(lengths)
+        chunk = max(1, len(batch) // 8)
+        started, ready = time.monotonic(), []
+        for end, item in sorted(zip(ends, batch, strict=True), key=lambda pair: pair[0]):
+            ready.append(item)
+            if len(ready) >= chunk:
+                time.sleep(max(0.0, end * self.scale - (time.monotonic() - started)))
+                yield ready
+                ready = []
+        time.sleep(
+            max(0.0, (seconds + self.cost.seconds_per_call) * self.scale - (time.monotonic() - started))
+        )
+        self._account(lengths, seconds + self.cost.seconds_per_call)
+        if ready:
+            yield ready
+
+    def _account(self, lengths: list[int], seconds: float) -> None:
+        self._items += len(lengths)
+        self._tokens += sum(lengths)
+        self._slept += seconds
+        if self.cost.kind == "generate":  # at full occupancy the same tokens would take
+            self._useful += self.profile.decode_step_s * sum(lengths) / self.profile.slots
+        else:
+            self._useful += seconds
+
+    def finish(self) -> dict[str, Any]:
+        """End of the step (the actor's optimizer step); this rank's figures, then reset."""
+        self._sleep(self.cost.finish_s)
+        self._in_work = 0
+        stats = {
+            "rank": self.rank,
+            "items": self._items,
+            "tokens": self._tokens,
+            "slept_s": (self._slept + self.cost.finish_s) * self.scale,
+            "useful_s": (self._useful + self.cost.finish_s) * self.scale,
+        }
+        self._reset()
+        return stats
+
+    # -- weight sync ---------------------------------------------------------------------------
+    def send_weights(self) -> float:
+        """The actor's side of a weight sync (bandwidth-scaled)."""
+        self._sleep(self.profile.sync_s)
+        return self.profile.weights_gb * GB
+
+    def receive_weights(self) -> float:
+        self._sleep(self.profile.sync_s)
+        return self.profile.weights_gb * GB
+
+    # -- the emulated device -------------------------------------------------------------------
+    def memory_fraction(self) -> float:
+        if not self.cost.on_device:
+            return 0.0
+        used = self.cost.state_gb + self._in_work * self.cost.gb_per_sample
+        return min(1.0, used / self.profile.device_gb)
+
+    def memory_profile(self) -> dict[str, float] | None:
+        if not self.cost.on_device or self.cost.gb_per_sample <= 0:
+            return None
+        return {
+            "device_bytes": self.profile.device_gb * GB,
+            "state_bytes": self.cost.state_gb * GB,
+            "bytes_per_sample": self.cost.gb_per_sample * GB,
+        }
+
+    def release_caches(self) -> None:
+        if self.cost.on_device:
+            self._sleep(self.profile.switch_light_s)
+
+    def switch_out(self) -> int | None:
+        if not self.cost.on_device:
+            return None
+        self._sleep(self.profile.switch_full_s / 2)  # the seed's full switch: out and back in
+        return int(self.cost.state_gb * GB)
+
+    def switch_in(self) -> None:
+        self._sleep(self.profile.switch_full_s / 2)
