@@ -24,7 +24,7 @@ responses (lengths are a function of seed and step):
 
 Per mode: mean step time (steps after the first two; auto: after its warm-up and the first
 decided step), idle fraction of the worker ranks, the coordinator's CPU share, and the cost
-model's predicted step time (calibrated on the mode's first step) next to the measured one.
+model's predicted step time (calibrated on the step before) next to the measured one.
 Ratios (on ``--profile`` at the largest and the middle rank count): ``best_vs_centralized``,
 ``best_vs_fixed_pipeline`` (>= 1.5, >= 1.3: the best of our manual modes), ``auto_vs_best``
 (>= 0.95), ``cost_model_error`` (<= 0.10: the largest relative error over modes and rank
@@ -206,10 +206,14 @@ def main() -> int:
         "--others", default="grpo-1.5b,grpo-32b,embodied", help="profiles run at --others-ranks"
     )
     parser.add_argument("--others-ranks", type=int, default=16)
+    parser.add_argument("--others-modes", default="centralized,fixed_pipeline,disaggregated,collocated")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--micro-batch", type=int, default=32)
     parser.add_argument("--time-scale", type=float, default=0.01)
     parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="config override (all modes)"
+    )
     parser.add_argument("--quick", action="store_true", help="smoke size: bounds reported, not enforced")
     args = parser.parse_args()
     ranks = sorted(int(r) for r in args.ranks.split(","))
@@ -230,8 +234,11 @@ def main() -> int:
         config = out / f"{name}.toml"
         config.write_text(config_text(profile, args.time_scale, args.steps))
         workers = count - 1
-        for mode in modes:
-            sets = mode_settings(mode, profile, workers, profile.samples_per_step, args.micro_batch)
+        for mode in modes if name == args.profile else [m for m in args.others_modes.split(",") if m]:
+            sets = [
+                *args.set,
+                *mode_settings(mode, profile, workers, profile.samples_per_step, args.micro_batch),
+            ]
             print(f"EMULATION {name} {mode} at {count} ranks ...", flush=True)
             raw.setdefault(name, {}).setdefault(str(count), {})[mode] = run_mode(
                 config, out, mode, count, sets

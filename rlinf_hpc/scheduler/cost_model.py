@@ -74,16 +74,18 @@ class Prediction:
 
 
 def split_ranks(profiles: list[PhaseProfile], num_ranks: int) -> dict[str, int]:
-    """Give each phase ranks in proportion to its work (at least one each)."""
+    """Give each phase ranks in proportion to its work (at least one each): one rank each,
+    then every further rank to the phase that is slowest per rank — the split whose bottleneck
+    is smallest (rounding shares down first once left a 2-rank phase 1 rank, doubling the step).
+
+    >>> split_ranks([PhaseProfile("gen", 2.75), PhaseProfile("train", 0.45)], 15)
+    {'gen': 13, 'train': 2}
+    """
     if num_ranks < len(profiles):
         raise ValueError(f"{len(profiles)} phases cannot run disaggregated on {num_ranks} ranks")
     work = {p.name: p.seconds_per_item for p in profiles}
-    total = sum(work.values()) or 1.0
-    shares = {n: max(1, math.floor(num_ranks * w / total)) for n, w in work.items()}
-    while sum(shares.values()) > num_ranks:  # rounding up to 1 overshot: take from the largest
-        largest = max(shares, key=lambda n: shares[n])
-        shares[largest] -= 1
-    while sum(shares.values()) < num_ranks:  # hand out the rest where it shortens the bottleneck
+    shares = dict.fromkeys(work, 1)
+    while sum(shares.values()) < num_ranks:  # each rank where it shortens the bottleneck
         slowest = max(shares, key=lambda n: work[n] / shares[n])
         shares[slowest] += 1
     return shares

@@ -97,13 +97,23 @@ class ElasticBatching:
         knowledge.setdefault("trial", None)  # the size before a change on probation
         knowledge.setdefault("since", 0)  # micro-batches since the last change
 
+    @property
+    def batch_bound(self) -> bool:
+        """Whether smaller micro-batches were found to cost more per item (or a larger one is
+        being tried): such a stage should wait for full micro-batches, since a short one costs
+        nearly as much as a full one."""
+        return (
+            self._k["floor"] > self.minimum or self._k["trial"] is not None and self._k["trial"] < self.size
+        )
+
     def _ratio(self, a: int, b: int) -> float | None:
         """Per-item time at size ``a`` over that at ``b`` (None: one of them not measured)."""
         per_item = self._k["per_item"]
         a, b = _bucket(a), _bucket(b)
         if a not in per_item or b not in per_item:
             return None
-        return per_item[a] / max(per_item[b], 1e-12)
+        (a_s, a_n), (b_s, b_n) = per_item[a], per_item[b]
+        return (a_s / a_n) / max(b_s / b_n, 1e-12)
 
     def update(
         self,
@@ -111,16 +121,20 @@ class ElasticBatching:
         memory_fraction: float,
         items: int | None = None,
         seconds: float | None = None,
+        downstream_apart: bool = True,
     ) -> tuple[int, str | None]:
         """The size for the next micro-batch, and why it changed (None if it did not). ``items``
-        and ``seconds``: the micro-batch just done, for the per-item cost at its size."""
+        and ``seconds``: the micro-batch just done, for the per-item cost at its size.
+        ``downstream_apart=False``: no stage runs on other ranks at the same time waiting for
+        this one's output (the last stage, or the next one shares its ranks), so small
+        micro-batches buy nothing: a larger size is tried, and kept if cheaper per item."""
         k = self._k
         old = self.size
         reason = None
         if items and seconds is not None:
             size = _bucket(items)  # a short micro-batch counts for the nearest power of two
-            last = k["per_item"].get(size)
-            k["per_item"][size] = seconds / items if last is None else 0.5 * (last + seconds / items)
+            total_s, total_items = k["per_item"].get(size, (0.0, 0))
+            k["per_item"][size] = (total_s + seconds, total_items + items)  # its mean is the estimate
         k["since"] += 1
         calm = downstream_wait_s < self.wait_threshold_s / 4
         trial = k["trial"] if k["since"] >= self.patience else None
@@ -158,6 +172,16 @@ class ElasticBatching:
                 reason = f"downstream waits, and smaller micro-batches cost more per item here: try {larger}"
             if reason is not None and items:  # judged only when costs are known
                 k["trial"] = old
+        elif (
+            not downstream_apart
+            and items
+            and k["trial"] is None
+            and k["since"] >= self.patience
+            and min(self.size * 2, self.maximum, k["ceiling"]) > self.size
+        ):
+            self.size = min(self.size * 2, self.maximum, k["ceiling"])
+            reason = f"nothing downstream waits on small micro-batches: try {self.size}"
+            k["trial"] = old
         elif calm and self._calm + 1 >= self.patience and self.size < self.start:  # type: ignore[operator]
             self.size = min(self.size * 2, self.start)  # type: ignore[type-var]
             reason = f"downstream kept up for {self.patience} micro-batches: grow back to {self.size}"

@@ -168,7 +168,8 @@ class Pipeline:
         coordinator = self.coordinator
         config = coordinator.config.pipeline
         names = [f"{self.name}.step{self._step}.{i}" for i in range(len(self.stages))]
-        coordinator.update_channels(self._stream_specs(names), remove=self._streams)
+        specs = self._stream_specs(names)
+        coordinator.update_channels(specs, remove=self._streams)
         self._streams = names
         start = time.monotonic()
         futures = []
@@ -188,6 +189,7 @@ class Pipeline:
                 config.wait_threshold_s,
                 config.memory_threshold,
                 stage.weight_key,
+                index + 1 < len(names) and specs[names[index + 1]]["policy"] != "local_first",
             )
             futures.append(coordinator.group(stage.component).call("run_stage", spec.as_dict()))
         self._feed(names[0], items, weights, futures)

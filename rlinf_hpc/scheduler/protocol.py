@@ -133,6 +133,9 @@ class StageSpec:
     #: Item weight for the output channel: a key of dict outputs holding a number or a
     #: sequence (its length), or None for weight 1.
     weight_key: str | None = None
+    #: Whether the next stage runs on other ranks at the same time (its waiting on this one is
+    #: latency worth shrinking for); False when it shares ranks and can only start after this.
+    downstream_apart: bool = True
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

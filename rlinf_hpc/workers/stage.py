@@ -70,7 +70,8 @@ def run_stage(worker: Worker, spec: StageSpec) -> dict[str, Any]:
         batch = []
         try:
             batch = source.get_batch(max_items=batching.size)
-            while not spec.elastic and len(batch) < batching.size:  # fixed: a full micro-batch
+            full = not spec.elastic or batching.batch_bound  # wait for a full micro-batch
+            while full and len(batch) < batching.size:
                 batch += source.get_batch(max_items=batching.size - len(batch))
         except EndOfStream:
             ended = True
@@ -98,9 +99,10 @@ def run_stage(worker: Worker, spec: StageSpec) -> dict[str, Any]:
             hook(name, "micro-batch", worker.component, wall_start, time.time(), items=len(batch))
         sizes.append(len(batch))
         if spec.elastic:
-            downstream = sink.downstream_wait_s() if sink is not None else 0.0
+            apart = sink is not None and spec.downstream_apart  # else waiting is a barrier
+            downstream = sink.downstream_wait_s() if apart else 0.0
             size, reason = batching.update(
-                downstream - downstream_seen, worker.memory_fraction(), len(batch), took
+                downstream - downstream_seen, worker.memory_fraction(), len(batch), took, apart
             )
             downstream_seen = downstream
             if reason is not None:

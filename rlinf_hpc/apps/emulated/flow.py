@@ -6,8 +6,9 @@ micro-batch, the **idle fraction** of the worker ranks (1 - work at full efficie
 step time): long-tail waiting, pipeline bubbles, switches and syncs all count as idle), the
 **coordinator's own CPU time** in the step (rank 0's process time: the runtime's overhead at
 this scale), and after the first step the **cost model's prediction** of this placement's step
-time (`scheduler.cost_model.placement_time` from the first step's measurements) next to the
-measured one. The response lengths are a function of (job seed, step), the same in every mode.
+time (`scheduler.cost_model.placement_time` from the previous step's measurements: per-item
+seconds, switches, the mean micro-batch) next to the measured one. The response lengths are a
+function of (job seed, step), the same in every mode.
 """
 
 from __future__ import annotations
@@ -97,8 +98,8 @@ def emulated_rl_flow(coordinator: Coordinator) -> dict[str, Any]:
         }
         if result.placement == predicted_for and predicted is not None:
             record["predicted_step_s"] = round(predicted, 4)
-        else:  # the first step of a placement calibrates the cost model for the next ones
-            predicted, predicted_for = predict(pipe, result, samples, sync_s), result.placement
+        # each step calibrates the cost model for the next one (its micro-batch sizes move)
+        predicted, predicted_for = predict(pipe, result, samples, sync_s), result.placement
         history.append(record)
         metrics.write(step + 1, record)
         log.info(
