@@ -50,11 +50,13 @@ def test_apps_import_the_framework_only_one_way() -> None:
         assert not others, f"{path}: {others}"  # an app may reuse the framework, not another app
 
 
-@pytest.mark.parametrize("config", ["math_grpo_tiny.toml", "embodied_ppo_cartpole.toml"])
+@pytest.mark.parametrize(
+    "config", ["math_grpo_tiny.toml", "embodied_ppo_cartpole.toml", "emulated_grpo_7b.toml"]
+)
 def test_builtin_apps_are_registered_and_light_to_check(config: str) -> None:
     """Loading a config and running its app's input checks (what `rlinf-hpc run` does before it
     launches) imports no torch and no transformers: seconds on every launch otherwise."""
-    assert {"hello", "toy_pipeline", "math_grpo", "embodied_ppo"} <= set(registered_apps())
+    assert {"hello", "toy_pipeline", "math_grpo", "embodied_ppo", "emulated_rl"} <= set(registered_apps())
     code = (
         "import sys; from rlinf_hpc.config import load_config; from rlinf_hpc.config.apps import app_of; "
         "c = load_config(sys.argv[1]); app_of(c).validate_function()(c); "

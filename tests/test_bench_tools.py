@@ -82,7 +82,7 @@ def test_bench_switch_writes_ratio_and_compression(tmp_path: Path) -> None:
     assert data["raw"]["delta_bf16_ratio"] > 2 * data["raw"]["plain_bf16_ratio"]
 
 
-def test_bench_e2e_runs_every_mode_and_writes_both_ratios(tmp_path: Path) -> None:
+def test_bench_e2e_runs_every_mode_and_writes_every_ratio(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     tiny = [
         "model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.intermediate_size=64",
@@ -95,8 +95,16 @@ def test_bench_e2e_runs_every_mode_and_writes_both_ratios(tmp_path: Path) -> Non
     result = run_command(command, timeout=600)
     assert result.returncode in (0, 1), result.output  # 1 = a bound missed (tiny workload, busy box)
     data = json.loads(out.read_text())
-    assert set(data["ratios"]) == {"best_vs_naive", "auto_vs_best"}
-    assert set(data["raw"]) == {"naive", "disaggregated", "collocated", "hybrid", "auto"}
+    assert set(data["ratios"]) == {"best_vs_centralized", "best_vs_fixed_pipeline", "auto_vs_best"}
+    assert set(data["raw"]) == {
+        "centralized",
+        "fixed_pipeline",
+        "disaggregated",
+        "collocated",
+        "hybrid",
+        "auto",
+    }
+    assert data["raw"]["centralized"]["placement"] == "collocated"
     assert all(r["step_s"] > 0 and 0 <= r["bubble_fraction"] <= 1 for r in data["raw"].values())
     assert data["raw"]["auto"]["placement"].startswith("auto:")
 
@@ -144,3 +152,34 @@ def test_bench_embodied_writes_every_ratio(tmp_path: Path) -> None:
     assert set(data["ratios"]) == {"split_vs_vector_env", "pipelined_vs_unpipelined", "async_vs_sync"}
     assert all(v > 0 for v in data["ratios"].values())
     assert data["raw"]["vector_env_steps_per_s"] > 0 and data["raw"]["env"] == "CartPole-v1"
+
+
+def test_bench_scale_runs_the_emulated_cluster_and_writes_every_ratio(tmp_path: Path) -> None:
+    """Smoke size: 8 ranks (7 emulated devices), three modes, a quarter of the sleep."""
+    out = tmp_path / "bench.json"
+    command = [
+        str(BIN / "python"), str(REPO / "tools" / "bench_scale.py"), "--quick", "--ranks", "8",
+        "--others", "", "--modes", "centralized,collocated,auto", "--steps", "3", "--time-scale", "0.0025",
+        "--out", str(tmp_path / "runs"), "--json", str(out),
+    ]  # fmt: skip
+    result = run_command(command, timeout=400)
+    assert result.returncode == 0, result.output
+    data = json.loads(out.read_text())
+    assert data["emulated"] and "EMULATED" in result.stdout
+    assert {"best_vs_centralized", "auto_vs_best", "idle_vs_centralized", "cost_model_error"} <= set(
+        data["ratios"]
+    )
+    modes = data["raw"]["grpo-7b"]["8"]
+    assert set(modes) == {"centralized", "collocated", "auto"}
+    for mode in modes.values():
+        assert (
+            mode["step_s"] > 0 and 0 <= mode["idle_fraction"] <= 1 and mode["coordinator_busy_fraction"] < 0.5
+        )
+    assert modes["centralized"]["micro_batch"]["rollout"] > 64  # the whole share at once
+    assert modes["auto"]["placement"].startswith("auto:")
+    assert Path(data["png"]).stat().st_size > 1000
+    events = (tmp_path / "runs" / "grpo-7b-auto-8" / "events.jsonl").read_text().splitlines()
+    bounds = {
+        e["component"]: e["bound"] for e in map(json.loads, events) if e["event"] == "auto_micro_batch_bound"
+    }
+    assert bounds == {"rollout": 330, "inference": 396, "actor": 49}  # 0.3 x (80 GB - state) / per sample

@@ -22,6 +22,7 @@ def _check(config: object) -> None:
 APP = App(
     name="emulated_rl",
     flow="rlinf_hpc.apps.emulated.flow:emulated_rl_flow",
+    validate="rlinf_hpc.apps.emulated.checks:validate",
     sections={"emulation": EmulationConfig},
     check=_check,
     description="an RL step on emulated accelerators (sleep-costed stages) for scale experiments",

@@ -1,0 +1,31 @@
+"""The emulated app's input checks, run before any rank starts (no torch here: every launch
+would pay for it)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlinf_hpc.apps.emulated.profiles import PROFILES
+from rlinf_hpc.errors import UserError
+from rlinf_hpc.log import get_logger
+
+log = get_logger("emulated")
+
+
+def validate(config: Any) -> None:
+    """Enough samples for the stages; a very small time scale is flagged (sleeps of well under
+    a millisecond measure the runtime's overhead, not the profile)."""
+    emulation = config.emulation
+    profile = PROFILES[emulation.profile]
+    samples = emulation.samples_per_step or profile.samples_per_step
+    per_sample = profile.decode_step_s * (profile.short[0] + profile.short[1]) / 2 / profile.slots
+    if per_sample * emulation.time_scale < 1e-4:
+        log.warning(
+            "emulation.time_scale %g makes a response cost %.1f us of sleep: the runtime's own "
+            "overhead will dominate (raise it)", emulation.time_scale,
+            1e6 * per_sample * emulation.time_scale,
+        )  # fmt: skip
+    if samples < len(config.components):
+        raise UserError(
+            f"emulation.samples_per_step ({samples}) is smaller than the number of stages; raise it"
+        )

@@ -1,0 +1,71 @@
+"""The emulated-accelerator workload (`emulated_rl`): its cost model, its config checks, and a
+job on 8 ranks whose rollout streams responses downstream while its batch still decodes."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from rlinf_hpc.apps.emulated.profiles import PROFILES
+from rlinf_hpc.config import load_config
+from rlinf_hpc.errors import UserError
+from rlinf_hpc.scheduler.elastic import micro_batch_bound
+
+from conftest import CONFIGS, rlinf
+
+PROFILE = PROFILES["grpo-7b"]
+
+
+def test_generation_waits_on_its_longest_response_and_batches_pay() -> None:
+    """The rollout model: a call lasts at least alpha x its longest response (the long tail),
+    responses end in order of length, and bigger calls cost less per response."""
+    short, tail = [500] * 16, [500] * 15 + [2000]
+    assert PROFILE.rollout_seconds(tail) > 2 * PROFILE.rollout_seconds(short)
+    seconds, ends = PROFILE.rollout_schedule([300, 900, 600])
+    assert ends[0] < ends[2] < ends[1] == pytest.approx(seconds)
+    rng = random.Random(0)
+    per_item = {
+        k: sum(PROFILE.rollout_seconds(PROFILE.lengths(rng, k)) for _ in range(200)) / (200 * k)
+        for k in (8, 32, 128)
+    }
+    assert per_item[8] > 1.5 * per_item[32] > 1.5 * 1.2 * per_item[128]
+    lengths = PROFILE.lengths(random.Random(1), 10_000)
+    assert 0.03 < sum(n >= PROFILE.long[0] for n in lengths) / len(lengths) < 0.07  # the 5% tail
+
+
+def test_memory_bound_is_the_seeds_rule() -> None:
+    assert PROFILE.max_micro_batch("rollout") == micro_batch_bound(80e9, 14e9, 0.06e9) == 330
+    assert PROFILE.max_micro_batch("reward") is None  # a CPU stage: no device memory to bound
+
+
+def test_profile_and_components_must_match() -> None:
+    with pytest.raises(UserError, match="'embodied' has the stages \\['env', 'policy', 'actor'\\]"):
+        load_config(CONFIGS / "emulated_grpo_7b.toml", ["emulation.profile=embodied"])
+    with pytest.raises(UserError, match="'grpo-8b' is not a profile; choose one of grpo-7b"):
+        load_config(CONFIGS / "emulated_grpo_7b.toml", ["emulation.profile=grpo-8b"])
+
+
+def test_emulated_job_streams_responses_and_reports_idle_and_predictions(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    sets = [
+        "components.rollout.num_ranks=4", "components.actor.num_ranks=1", "emulation.steps=3",
+        "emulation.samples_per_step=256", "emulation.time_scale=0.005", "pipeline.micro_batch=32",
+    ]  # fmt: skip
+    args = ["run", str(CONFIGS / "emulated_grpo_7b.toml"), "--np", "8", "--run-dir", str(run)]
+    for item in sets:
+        args += ["--set", item]
+    result = rlinf(*args, timeout=240)
+    assert result.returncode == 0, result.output
+    assert "EMULATION (sleep-costed stages" in result.output
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3] and all(r["emulated"] for r in records)
+    for r in records:
+        assert 0 < r["idle_fraction"] < 1 and r["coordinator_busy_fraction"] < 0.5 and r["weight_sync_s"] > 0
+    assert "predicted_step_s" not in records[0] and records[2]["predicted_step_s"] > 0
+    spans = [json.loads(line) for line in (run / "timeline.jsonl").read_text().splitlines()]
+    first_rollout = min((s for s in spans if s["name"] == "rollout.process"), key=lambda s: s["start"])
+    first_reward = min(s["start"] for s in spans if s["name"] == "reward.process")
+    assert first_reward < first_rollout["end"]  # streamed: scored before its batch was done
