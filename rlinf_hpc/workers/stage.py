@@ -5,13 +5,16 @@ each (``method(batch) -> outputs``), puts the outputs into the output channel (o
 return when the stage is the last), and closes its output after the input ended. A method that
 is a generator streams: each list it yields goes downstream at once (a continuous-batching
 engine handing over the responses that finished while the rest of its batch still decodes). The
-micro-batch size is elastic (`rlinf_hpc.scheduler.elastic.ElasticBatching`): it halves while
-the downstream stage waits on this one (unless smaller micro-batches cost it much more per item)
-and doubles under memory pressure; every change is
-logged with its reason and returned with the sizes. Without ``elastic`` a micro-batch is exactly
-``micro_batch`` items (the stage waits for them; only the stream's last one may be smaller), as
-a fixed-micro-batch pipeline does; an elastic one takes what arrives within ``wait_threshold_s``
-of its first item, up to its size (a dynamic batcher's deadline). Each micro-batch is a timeline span.
+micro-batch size is elastic (`rlinf_hpc.scheduler.elastic.ElasticBatching`): it halves while a
+stage on other ranks waits on this one (unless smaller micro-batches cost it much more per item)
+and doubles under memory pressure; every change is logged with its reason and returned with the
+sizes. An elastic micro-batch is what has arrived, up to its size; without ``elastic`` it is
+exactly ``micro_batch`` items (the stage waits for them; only the stream's last one may be
+smaller), as a fixed-micro-batch pipeline does, and so is the micro-batch of an elastic stage
+found batch-bound (a short one would cost it nearly as much as a full one). The controller's
+per-size costs live on the worker from step to step; the memory per sample of each micro-batch
+is measured on CUDA ranks (`SampleMemory`, for ``auto``'s bound). Each micro-batch is a
+timeline span.
 """
 
 from __future__ import annotations
