@@ -221,7 +221,6 @@ def main() -> int:
     unknown = set(modes) - set(MODES)
     if unknown or args.steps < 3:
         parser.error(f"unknown modes {sorted(unknown)}" if unknown else "--steps must be >= 3")
-    sys.path.insert(0, str(REPO))
     from rlinf_hpc.runtime.console import print_table
 
     out = Path(args.out or tempfile.mkdtemp(prefix="bench-scale-"))

@@ -25,7 +25,7 @@ from rlinf_hpc.channel import Channel, channel_for
 from rlinf_hpc.comm import DataPlane, GroupComm, live_group_comms
 from rlinf_hpc.config import Config
 from rlinf_hpc.log import get_logger
-from rlinf_hpc.workers.memory import device_memory_fraction
+from rlinf_hpc.workers.memory import SampleMemory, device_memory_fraction
 from rlinf_hpc.workers.stage import StageSpec, run_stage
 
 
@@ -62,6 +62,10 @@ class Worker:
         self._request = request
         #: Elastic micro-batch size per stage method, carried from one pipeline step to the next.
         self.stage_sizes: dict[str, int] = {}
+        #: What each stage's elastic controller learnt (per-size costs, floor, ceiling, trial).
+        self.elastic_knowledge: dict[tuple[Any, ...], dict[str, Any]] = {}
+        #: Device memory per sample of this rank's micro-batches (CUDA ranks; `memory_profile`).
+        self.sample_memory = SampleMemory(device)
         self.comm = comm
         self.component = component
         self.rank = rank
@@ -153,7 +157,7 @@ class Worker:
         (resident model state) and ``bytes_per_sample``. The
         default measures it on CUDA ranks during the stage's micro-batches (peak allocation
         over the samples); None on CPU ranks (no device memory to bound)."""
-        meter = getattr(self, "_sample_memory", None)
+        meter = getattr(self, "sample_memory", None)  # None before the worker is bound
         return meter.profile() if meter is not None else None
 
     def on_regroup(self) -> None:

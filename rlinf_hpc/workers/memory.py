@@ -32,12 +32,16 @@ class SampleMemory:
     (``torch.cuda`` peak statistics around each call); nothing on CPU ranks."""
 
     def __init__(self, device: str) -> None:
-        torch = sys.modules.get("torch")
-        self.cuda = device.startswith("cuda") and torch is not None and torch.cuda.is_initialized()
         self.device = device
         self.bytes_per_sample = 0.0
         self.state_bytes = 0.0
         self._before = 0
+
+    @property
+    def cuda(self) -> bool:
+        """Asked at each micro-batch: the worker's setup may initialize CUDA after binding."""
+        torch = sys.modules.get("torch")
+        return self.device.startswith("cuda") and torch is not None and torch.cuda.is_initialized()
 
     def start(self) -> None:
         if self.cuda:

@@ -13,7 +13,7 @@ exactly ``micro_batch`` items (the stage waits for them; only the stream's last 
 smaller), as a fixed-micro-batch pipeline does, and so is the micro-batch of an elastic stage
 found batch-bound (a short one would cost it nearly as much as a full one). The controller's
 per-size costs live on the worker from step to step; the memory per sample of each micro-batch
-is measured on CUDA ranks (`SampleMemory`, for ``auto``'s bound). Each micro-batch is a
+is measured on CUDA ranks (`Worker.sample_memory`, for ``auto``'s bound). Each micro-batch is a
 timeline span.
 """
 
@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any
 from rlinf_hpc.channel import EndOfStream
 from rlinf_hpc.scheduler.elastic import ElasticBatching
 from rlinf_hpc.scheduler.protocol import StageSpec
-from rlinf_hpc.workers.memory import SampleMemory
 
 if TYPE_CHECKING:
     from rlinf_hpc.workers.base import Worker
@@ -57,10 +56,8 @@ def run_stage(worker: Worker, spec: StageSpec) -> dict[str, Any]:
         start=spec.micro_batch,
     )
     key = (spec.method, spec.min_micro_batch, spec.max_micro_batch, spec.micro_batch)
-    batching.adopt(worker.__dict__.setdefault("_elastic_knowledge", {}).setdefault(key, {}))
-    meter = worker.__dict__.get("_sample_memory")
-    if meter is None:
-        meter = worker.__dict__["_sample_memory"] = SampleMemory(worker.device)
+    batching.adopt(worker.elastic_knowledge.setdefault(key, {}))
+    meter = worker.sample_memory
     outputs: list[Any] = []
     sizes: list[int] = []
     changes: list[dict[str, Any]] = []

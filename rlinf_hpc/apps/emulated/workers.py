@@ -90,13 +90,11 @@ class EmulatedStage(Worker):
 
     # -- weight sync ---------------------------------------------------------------------------
     def send_weights(self) -> float:
-        """The actor's side of a weight sync (bandwidth-scaled)."""
+        """Either side of a weight sync (bandwidth-scaled); returns the bytes moved."""
         self._sleep(self.profile.sync_s)
         return self.profile.weights_gb * GB
 
-    def receive_weights(self) -> float:
-        self._sleep(self.profile.sync_s)
-        return self.profile.weights_gb * GB
+    receive_weights = send_weights
 
     # -- the emulated device -------------------------------------------------------------------
     def memory_fraction(self) -> float:
