@@ -338,23 +338,28 @@ def switch_flow(coordinator: Coordinator) -> dict[str, Any]:
 
 def grpo_digest_flow(coordinator: Coordinator) -> Any:
     """The math GRPO flow, then every policy holder's parameter digest."""
-    import json
-
     from rlinf_hpc.apps.math.flow import math_grpo_flow
 
     result = math_grpo_flow(coordinator)
+    _print_digests(coordinator)
+    return result
+
+
+def _print_digests(coordinator: Coordinator) -> None:
+    import json
+
     digests = {
         n: coordinator.group(n).call("parameter_digest").result() for n in ("actor", "rollout", "inference")
     }
     print("DIGESTS " + json.dumps(digests), flush=True)
-    return result
 
 
 def grpo_interrupt_flow(coordinator: Coordinator) -> Any:
     """The math GRPO flow, interrupted once step ``flow.options.after_step`` finished:
     ``interrupt = "usr2"`` sends SIGUSR2 to the coordinator (the SLURM signal's path: save at
     that step boundary and stop); ``"kill"`` lets the next step start and then kills the
-    ``flow.options.victim`` component's rank 0 with SIGKILL (mid-step)."""
+    ``flow.options.victim`` component's rank 0 with SIGKILL (mid-step). Prints the digests at
+    the end, as `grpo_digest_flow` does."""
     import signal
     import threading
 
@@ -386,7 +391,9 @@ def grpo_interrupt_flow(coordinator: Coordinator) -> Any:
             return dataclasses.replace(prediction, collocated=2 * prediction.disaggregated + 1.0)
 
         autoplace.predict = predict  # type: ignore[assignment]
-    return math_grpo_flow(coordinator)
+    result = math_grpo_flow(coordinator)
+    _print_digests(coordinator)
+    return result
 
 
 # The math app with a test's flow around its own: same sections, checks and checkpoint keys

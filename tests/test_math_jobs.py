@@ -15,6 +15,9 @@ PLACEMENTS = {
     "hybrid": (4, ['placement.groups=[["rollout", "inference"]]']),
     "auto": (5, ["placement.auto_warmup_steps=1"]),
 }
+#: Every component on one worker rank: for checks that do not depend on the placement (a job
+#: of 2 ranks starts in less than half the CPU time of 5: each rank imports torch).
+ONE_WORKER = ["placement.mode=collocated"]
 
 
 def _run(tmp_path: Path, np: int, sets: list[str], name: str = "run") -> tuple[dict, str]:
@@ -86,42 +89,25 @@ def test_bad_inputs_stop_before_training(tmp_path: Path, sets: list[str], messag
     assert "warm start" not in result.output  # nothing trained
 
 
-def _has_deepspeed() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("deepspeed") is not None
-
-
-@pytest.mark.skipif(
-    not _has_deepspeed(), reason="DeepSpeed is not installed (DS_BUILD_OPS=0 pip install deepspeed)"
-)
-def test_deepspeed_zero2_actor_over_two_ranks(tmp_path: Path) -> None:
-    sets = [*TINY, "components.actor.num_ranks=2", "grpo.train_backend=deepspeed", "grpo.zero_stage=2"]
-    summary, stdout = _run(tmp_path, 6, sets)
-    assert summary["outcome"] == "ok"
-    digests = json.loads(next(line for line in stdout.splitlines() if line.startswith("DIGESTS "))[8:])
-    assert len(digests["actor"]) == 2 and len(set(digests["actor"])) == 1
-    assert set(digests["rollout"]) == set(digests["actor"]) == set(digests["inference"])
-
-
 def test_job_runs_from_a_local_hugging_face_directory(tmp_path: Path) -> None:
     """model.path: a causal LM and its tokenizer saved locally (made here: no download)."""
     model_dir = make_tiny_hf_model(tmp_path / "model")
-    summary, _ = _run(tmp_path, 5, [*TINY, f"model.path={model_dir}"])
+    summary, _ = _run(tmp_path, 2, [*TINY, f"model.path={model_dir}", *ONE_WORKER])
     assert summary["outcome"] == "ok" and summary["steps"] == 2
 
 
 def test_warm_start_cache_is_reused_and_a_damaged_one_retrained(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     sets = [*[s for s in TINY if not s.startswith("sft.cache_dir")], f"sft.cache_dir={cache}"]
-    first, _ = _run(tmp_path, 5, sets, "first")
+    sets += ONE_WORKER
+    first, _ = _run(tmp_path, 2, sets, "first")
     assert first["warm_start"]["cached"] is False
     (saved,) = cache.glob("sft-*.pt")
-    second, _ = _run(tmp_path, 5, sets, "second")
+    second, _ = _run(tmp_path, 2, sets, "second")
     assert second["warm_start"]["cached"] is True
     assert second["eval_accuracy_start"] == first["eval_accuracy_start"]
     saved.write_bytes(b"not a checkpoint")
-    args = ["run", str(CONFIGS / "math_grpo_tiny.toml"), "--np", "5", "--run-dir", str(tmp_path / "third")]
+    args = ["run", str(CONFIGS / "math_grpo_tiny.toml"), "--np", "2", "--run-dir", str(tmp_path / "third")]
     for item in sets:
         args += ["--set", item]
     result = rlinf(*args, timeout=300)
