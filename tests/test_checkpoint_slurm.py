@@ -19,8 +19,8 @@ pytestmark = [pytest.mark.slurm, *([pytest.mark.skip(reason=_REASON)] if _REASON
 
 SETS = [
     *[s for s in TINY if not s.startswith(("grpo.steps=", "flow.runner="))],
-    "grpo.steps=120",
-    "checkpoint.every_steps=50",
+    "grpo.steps=60",  # signalled after 10: the rest outlasts the signal's way in by seconds
+    "checkpoint.every_steps=25",
     "flow.runner=math_grpo",
 ]
 
