@@ -91,15 +91,17 @@ def test_bench_e2e_runs_every_mode_and_writes_every_ratio(tmp_path: Path) -> Non
     ]  # fmt: skip
     command = [
         str(BIN / "python"), str(REPO / "tools" / "bench_e2e.py"), "--steps", "5", "--json", str(out),
-        "--modes", "centralized,fixed_pipeline,collocated,auto",  # others: test_math_jobs, every placement
+        # collocated and hybrid: test_math_jobs, every placement; --accuracy-steps: BENCHMARKS.md
+        "--modes", "centralized,fixed_pipeline,disaggregated,auto,off_policy",
     ]  # fmt: skip
     for item in tiny:
         command += ["--set", item]
     result = run_command(command, timeout=600)
     assert result.returncode in (0, 1), result.output  # 1 = a bound missed (tiny workload, busy box)
     data = json.loads(out.read_text())
-    assert set(data["ratios"]) == {"best_vs_centralized", "best_vs_fixed_pipeline", "auto_vs_best"}
-    assert set(data["raw"]) == {"centralized", "fixed_pipeline", "collocated", "auto"}
+    ratios = {"best_vs_centralized", "best_vs_fixed_pipeline", "auto_vs_best", "off_policy_vs_on_policy"}
+    assert set(data["ratios"]) == ratios
+    assert set(data["raw"]) == {"centralized", "fixed_pipeline", "disaggregated", "auto", "off_policy"}
     assert data["raw"]["centralized"]["placement"] == "collocated"
     assert all(r["step_s"] > 0 and 0 <= r["bubble_fraction"] <= 1 for r in data["raw"].values())
     assert data["raw"]["auto"]["placement"].startswith("auto:")

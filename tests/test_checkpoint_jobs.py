@@ -34,6 +34,8 @@ TIMING = {"step_s", "tokens_per_s", "weight_sync_s", "phases_s", "switch_s", "bu
 SCENARIOS = {
     "disaggregated": (5, []),
     "collocated": (2, ["placement.mode=collocated", "placement.switch=full"]),
+    # the next step's samples, generated beside the update, are part of the checkpoint
+    "off_policy": (5, ["grpo.off_policy_steps=1"]),
 }
 AUTO = (5, ["placement.mode=auto", "placement.auto_warmup_steps=1"])
 #: Every component on one worker rank, for the checks that do not depend on the placement: a
@@ -108,6 +110,7 @@ def references(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     [
         ("disaggregated", "kill", 3, 2),  # killed in step 4; step 2's save was committed at 3
         ("collocated", "kill", 3, 2),
+        ("off_policy", "kill", 3, 2),
         # SIGUSR2: on disaggregated ranks in the SLURM requeue test, on auto in the last test here
     ],
 )

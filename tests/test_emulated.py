@@ -69,3 +69,30 @@ def test_emulated_job_streams_responses_and_reports_idle_and_predictions(tmp_pat
     first_rollout = min((s for s in spans if s["name"] == "rollout.process"), key=lambda s: s["start"])
     first_reward = min(s["start"] for s in spans if s["name"] == "reward.process")
     assert first_reward < first_rollout["end"]  # streamed: scored before its batch was done
+
+
+def test_one_step_off_policy_generates_the_next_step_while_the_actor_trains(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    sets = [
+        "components.rollout.num_ranks=4", "components.actor.num_ranks=1", "emulation.steps=3",
+        "emulation.samples_per_step=128", "emulation.time_scale=0.005", "pipeline.micro_batch=32",
+        "emulation.off_policy_steps=1",
+    ]  # fmt: skip
+    args = ["run", str(CONFIGS / "emulated_grpo_7b.toml"), "--np", "8", "--run-dir", str(run)]
+    for item in sets:
+        args += ["--set", item]
+    result = rlinf(*args, timeout=240)
+    assert result.returncode == 0, result.output
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["policy_lag"] for r in records] == [0, 1, 1]
+    spans = [json.loads(line) for line in (run / "timeline.jsonl").read_text().splitlines()]
+    rollout, actor = (
+        sorted((s for s in spans if s["name"] == f"{name}.run_stage"), key=lambda s: s["start"])
+        for name in ("rollout", "actor")
+    )
+    rollout = [s for s in rollout if s["rank"] == rollout[0]["rank"]]  # one rollout rank's steps
+    assert len(rollout) == len(actor) == 3  # the first step's generation ran before the loop
+    for k in (0, 1):  # on-policy, step k+1's generation would start after step k's update
+        assert rollout[k + 1]["start"] < actor[k]["end"], (rollout, actor)
+    bad = rlinf(*args, "--set", "placement.mode=auto", timeout=60)
+    assert bad.returncode == 2 and "runs two pipelines at once" in bad.output, bad.output

@@ -52,19 +52,26 @@ def test_two_grpo_steps_in_every_placement(tmp_path: Path, mode: str) -> None:
         assert any(m["switch_s"] > 0 for m in metrics)  # components took turns on the ranks
 
 
-def test_fixed_seed_gives_the_same_numbers(tmp_path: Path) -> None:
-    first, _ = _run(tmp_path, 5, TINY, "a")
-    second, _ = _run(tmp_path, 5, TINY, "b")
-    keys = ("reward", "loss", "sample_accuracy", "eval_accuracy")
+def test_fixed_seed_gives_the_same_numbers_and_off_policy_starts_on_policy(tmp_path: Path) -> None:
+    """Two runs of one seed agree; one-step off-policy (run c) trains its first step on the
+    same on-policy samples (the same numbers), then on samples one update old."""
+    sets = [*[s for s in TINY if not s.startswith("grpo.steps=")], "grpo.steps=3"]
+    first, _ = _run(tmp_path, 5, sets, "a")
+    second, _ = _run(tmp_path, 5, sets, "b")
+    third, _ = _run(tmp_path, 5, [*sets, "grpo.off_policy_steps=1"], "c")
+    keys = ("reward", "loss", "pg_loss", "ppo_kl", "sample_accuracy", "eval_accuracy")
     rows = [
         [
             {k: m[k] for k in keys}
             for m in map(json.loads, (tmp_path / n / "metrics.jsonl").read_text().splitlines())
         ]
-        for n in "ab"
-    ]  # noqa: E501
+        for n in "abc"
+    ]
     assert rows[0] == rows[1]
     assert first["eval_accuracy_end"] == second["eval_accuracy_end"]
+    assert rows[2][0] == rows[0][0] and rows[2][1]["ppo_kl"] != rows[0][1]["ppo_kl"]
+    lags = [json.loads(line)["policy_lag"] for line in (tmp_path / "c" / "metrics.jsonl").open()]
+    assert lags == [0, 1, 1] and third["off_policy_steps"] == 1 and third["mean_policy_lag"] == 2 / 3
 
 
 @pytest.mark.parametrize(
@@ -77,6 +84,8 @@ def test_fixed_seed_gives_the_same_numbers(tmp_path: Path) -> None:
         ),
         (["grpo.group_size=1"], "grpo.group_size = 1"),
         (["components.actor.num_ranks=3", "--np", "7"], "cannot be split evenly over 3 actor rank"),
+        (["grpo.off_policy_steps=1", "placement.mode=auto"], "runs two pipelines at once"),
+        (["grpo.off_policy_steps=2"], "grpo.off_policy_steps"),
     ],
 )
 def test_bad_inputs_stop_before_training(tmp_path: Path, sets: list[str], message: str) -> None:

@@ -2,7 +2,7 @@
 """End-to-end benchmark of the math GRPO job: the same workload, seed and total ranks in every
 mode, against the two baselines a user would really pick.
 
-    python tools/bench_e2e.py [--json PATH] [--steps 12] [--np 5]
+    python tools/bench_e2e.py [--json PATH] [--steps 12] [--np 5] [--accuracy-steps 120]
 
 Modes (all on ``--np`` ranks: the coordinator plus np-1 workers):
 
@@ -14,7 +14,9 @@ Modes (all on ``--np`` ranks: the coordinator plus np-1 workers):
 * ours: ``disaggregated`` (the same split, elastic micro-batches), ``collocated`` (every
   component on every worker rank, time-shared, elastic), ``hybrid`` (rollout + inference share
   half the workers, reward and actor get the rest), and ``auto`` (collocated warm-up, then the
-  cost model's choice).
+  cost model's choice);
+* ``off_policy``: disaggregated with one-step off-policy GRPO (``grpo.off_policy_steps = 1``:
+  step t's update beside step t+1's generation).
 
 Each mode runs the job as a separate ``rlinf-hpc run`` (warm start cached per actor size) and
 reads the run's ``metrics.jsonl``: mean step time, tokens/s, bubble fraction and switch time
@@ -22,8 +24,14 @@ over the steps after the first two (for auto: after its warm-up and the first de
 Ratios: ``best_vs_centralized`` and ``best_vs_fixed_pipeline`` = the baseline's step time / the
 best of our manual modes' (reported: the issue's 1.5 / 1.3 are for the emulated cluster, see
 tools/bench_scale.py; 2 cores cannot overlap much), ``auto_vs_best`` = the best manual mode's
-step time / auto's (required >= 0.95). The former ``best_vs_naive`` (one rank per phase, whole
+step time / auto's (required >= 0.95), ``off_policy_vs_on_policy`` = disaggregated's step time
+/ off_policy's (required >= 1.3). The former ``best_vs_naive`` (one rank per phase, whole
 batch) mostly measured 2 cores against 1 and is gone.
+
+``--accuracy-steps N`` also runs the main job itself (its config and warm-start cache, N steps)
+on-policy and one-step off-policy, disaggregated, and reports ``off_policy_accuracy_delta`` =
+off-policy's final held-out accuracy - on-policy's, in points (required >= -5), and the two
+runs' step-time ratio at the main job's size (``main_job_off_policy_vs_on_policy``, >= 1.3).
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from benchlib import check_ratios, write_json
 
@@ -44,10 +53,13 @@ REQUIRED = {
     "best_vs_centralized": (">=", 1.5),
     "best_vs_fixed_pipeline": (">=", 1.3),
     "auto_vs_best": (">=", 0.95),
+    "off_policy_vs_on_policy": (">=", 1.3),
+    "main_job_off_policy_vs_on_policy": (">=", 1.3),
+    "off_policy_accuracy_delta": (">=", -5.0),
 }
 REPORTED = {"best_vs_centralized", "best_vs_fixed_pipeline"}  # bounds of the emulated cluster
 COMPONENTS = ("rollout", "reward", "inference", "actor")
-MODES = ("centralized", "fixed_pipeline", "disaggregated", "collocated", "hybrid", "auto")
+MODES = ("centralized", "fixed_pipeline", "disaggregated", "collocated", "hybrid", "auto", "off_policy")
 PROMPTS_PER_STEP = 32  # configs/math_grpo_tiny.toml
 
 
@@ -64,10 +76,12 @@ def mode_settings(mode: str, workers: int) -> list[str]:
             *fixed,
             *every,
         ]
-    if mode in ("fixed_pipeline", "disaggregated"):
+    if mode in ("fixed_pipeline", "disaggregated", "off_policy"):
         if workers != 4:
-            raise SystemExit("fixed_pipeline/disaggregated use one rank per component: run with --np 5")
+            raise SystemExit(f"{mode} uses one rank per component: run with --np 5")
         sets = ["placement.mode=disaggregated"]
+        if mode == "off_policy":
+            return [*sets, "grpo.off_policy_steps=1"]
         return [*sets, "pipeline.elastic=false"] if mode == "fixed_pipeline" else sets
     if mode == "collocated":
         return ["placement.mode=collocated", *every]
@@ -82,24 +96,30 @@ def mode_settings(mode: str, workers: int) -> list[str]:
     return ["placement.mode=auto", "placement.auto_warmup_steps=2"]
 
 
-def run_mode(mode: str, steps: int, np: int, cache: Path, out: Path, extra: list[str]) -> dict[str, float]:
-    run_dir = out / mode
+def _job(run_dir: Path, np: int, sets: list[str], label: str) -> list[dict[str, Any]]:
+    """Run the math job; its metrics records."""
     command = [
         str(Path(sys.executable).parent / "rlinf-hpc"), "run", str(REPO / "configs" / "math_grpo_tiny.toml"),
         "--np", str(np), "--run-dir", str(run_dir), "--resume", "never",
-        "--set", f"grpo.steps={steps}", "--set", f"grpo.eval_every={steps}",
-        "--set", f"sft.cache_dir={cache}", "--set", "sft.steps=60", "--set", "sft.stop_at_accuracy=1.0",
     ]  # fmt: skip
-    for item in [*extra, *mode_settings(mode, np - 1)]:
+    for item in sets:
         command += ["--set", item]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    started = time.monotonic()
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1200)
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1800)
     if done.returncode != 0:
         raise SystemExit(
-            f"{mode} failed (exit {done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+            f"{label} failed (exit {done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
         )
-    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def run_mode(mode: str, steps: int, np: int, cache: Path, out: Path, extra: list[str]) -> dict[str, Any]:
+    sets = [
+        f"grpo.steps={steps}", f"grpo.eval_every={steps}", f"sft.cache_dir={cache}", "sft.steps=60",
+        "sft.stop_at_accuracy=1.0", *extra, *mode_settings(mode, np - 1),
+    ]  # fmt: skip
+    started = time.monotonic()
+    metrics = _job(out / mode, np, sets, mode)
     skip = 3 if mode == "auto" else 2
     measured = metrics[skip:]
     step_s = sum(m["step_s"] for m in measured) / len(measured)
@@ -114,6 +134,21 @@ def run_mode(mode: str, steps: int, np: int, cache: Path, out: Path, extra: list
     }
 
 
+def run_accuracy(steps: int, out: Path, extra: list[str]) -> dict[str, Any]:
+    """The main job (its config and warm-start cache), on-policy and one-step off-policy."""
+    found: dict[str, Any] = {}
+    for name, sets in (("on_policy", []), ("off_policy", ["grpo.off_policy_steps=1"])):
+        print(f"running the main job {name}, {steps} steps ...", flush=True)
+        metrics = _job(out / f"main-{name}", 5, [f"grpo.steps={steps}", *extra, *sets], name)
+        measured = metrics[2:]
+        found[name] = {
+            "step_s": sum(m["step_s"] for m in measured) / len(measured),
+            "eval_accuracy_end": metrics[-1]["eval_accuracy"],
+            "evals": [(m["step"], m["eval_accuracy"]) for m in metrics if "eval_accuracy" in m],
+        }
+    return found
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -125,17 +160,22 @@ def main() -> int:
     parser.add_argument(
         "--modes", default=",".join(MODES), help="a subset (smoke runs); ratios need their modes"
     )
+    parser.add_argument(
+        "--accuracy-steps", type=int, default=0, metavar="N",
+        help="also run the main job N steps on- and off-policy (120: its length) for the accuracy delta",
+    )  # fmt: skip
     args = parser.parse_args()
     if args.steps < 5:
         parser.error("--steps must be >= 5 (auto warms up for 2 steps; the first 2-3 are not measured)")
     sys.path.insert(0, str(REPO))
     from rlinf_hpc.runtime.console import print_table
 
-    raw: dict[str, dict[str, float]] = {}
+    raw: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-e2e-") as tmp:
         for mode in [m for m in MODES if m in args.modes.split(",")]:
             print(f"running {mode} ...", flush=True)
             raw[mode] = run_mode(mode, args.steps, args.np, Path(tmp) / "sft", Path(tmp), args.set)
+        accuracy = run_accuracy(args.accuracy_steps, Path(tmp), args.set) if args.accuracy_steps else None
     manual = {m: raw[m]["step_s"] for m in ("disaggregated", "collocated", "hybrid") if m in raw}
     if not manual:
         parser.error("--modes needs at least one of disaggregated, collocated, hybrid")
@@ -144,6 +184,13 @@ def main() -> int:
     ratios = {k: raw[m]["step_s"] / manual[best] for k, m in baselines.items() if m in raw}
     if "auto" in raw:
         ratios["auto_vs_best"] = manual[best] / raw["auto"]["step_s"]
+    if "off_policy" in raw and "disaggregated" in raw:
+        ratios["off_policy_vs_on_policy"] = raw["disaggregated"]["step_s"] / raw["off_policy"]["step_s"]
+    if accuracy is not None:
+        on, off = accuracy["on_policy"], accuracy["off_policy"]
+        ratios["main_job_off_policy_vs_on_policy"] = on["step_s"] / off["step_s"]
+        ratios["off_policy_accuracy_delta"] = 100 * (off["eval_accuracy_end"] - on["eval_accuracy_end"])
+        raw["main_job"] = accuracy
     print_table(
         f"math GRPO tiny, {args.np} ranks, {args.steps} steps per mode (best of ours: {best})",
         ["mode", "placement", "step s", "tokens/s", "bubble", "switch s", "sync s"],
@@ -151,6 +198,7 @@ def main() -> int:
             (m, str(r["placement"]), f"{r['step_s']:.3f}", f"{r['tokens_per_s']:.0f}",
              f"{r['bubble_fraction']:.2f}", f"{r['switch_s']:.3f}", f"{r['weight_sync_s']:.3f}")
             for m, r in raw.items()
+            if m != "main_job"
         ],
     )  # fmt: skip
     rows, ok = check_ratios(ratios, {k: REQUIRED[k] for k in ratios}, not_yet_met=REPORTED)

@@ -3,7 +3,7 @@
 from rlinf_hpc.scheduler.coordinator import Coordinator
 from rlinf_hpc.scheduler.futures import CallFuture, GroupFuture
 from rlinf_hpc.scheduler.group import ComponentGroup
-from rlinf_hpc.scheduler.pipeline import Pipeline, StepResult
+from rlinf_hpc.scheduler.pipeline import Pipeline, RunningStep, StepResult, start_steps
 from rlinf_hpc.scheduler.placement import Placement, effective_device, placement_rows, plan_placement
 
 __all__ = [
@@ -13,8 +13,10 @@ __all__ = [
     "GroupFuture",
     "Pipeline",
     "Placement",
+    "RunningStep",
     "StepResult",
     "effective_device",
     "placement_rows",
     "plan_placement",
+    "start_steps",
 ]

@@ -27,9 +27,12 @@ class CallFuture:
         self.method = method
         self._wait = wait
         self._reply: Reply | None = None
+        #: ``time.monotonic()`` when the reply arrived (None before).
+        self.resolved_at: float | None = None
 
     def _resolve(self, reply: Reply) -> None:
         self._reply = reply
+        self.resolved_at = time.monotonic()
 
     def done(self) -> bool:
         """True once the worker's reply has arrived (success or error)."""

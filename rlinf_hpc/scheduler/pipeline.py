@@ -19,6 +19,10 @@ placement in the config, never on the flow::
 * ``placement.mode = "auto"`` runs the first ``auto_warmup_steps`` steps collocated, builds a
   `PhaseProfile` per stage from what the ranks measured, asks the cost model, re-partitions if
   disaggregated wins, and logs the predicted step time next to the measured one.
+
+`Pipeline.start` returns a `RunningStep` at once; `start_steps` starts steps of several
+pipelines together (one-step off-policy GRPO trains on step t's samples while step t+1's are
+generated).
 """
 
 from __future__ import annotations
@@ -108,21 +112,12 @@ class Pipeline:
 
     def run(self, items: list[Any], weights: list[float] | None = None) -> StepResult:
         """One step: feed ``items`` to the first stage and wait for every stage to finish."""
-        if not self.stages:
-            raise ValueError(f"pipeline '{self.name}' has no stages; add them with stage()")
-        if not items:
-            raise ValueError(f"pipeline '{self.name}': run() needs at least one item")
-        self._step += 1
-        result = self._run_step(items, weights)
-        if self._auto is not None:
-            self._auto.after_step(self, result, len(items))
-        for hook in self.coordinator.step_hooks:  # e.g. the memory-leak monitor
-            hook(self.name, result)
-        self.coordinator.record(
-            "pipeline_step", pipeline=self.name, step=result.step, seconds=result.seconds,
-            placement=result.placement, items=len(items), stages=result.stages,
-        )  # fmt: skip
-        return result
+        return self.start(items, weights).result()
+
+    def start(self, items: list[Any], weights: list[float] | None = None) -> RunningStep:
+        """Start one step and return at once (after feeding it): `RunningStep.result` waits.
+        To run steps of several pipelines at the same time, use `start_steps`."""
+        return start_steps((self, items, weights))[0]
 
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint keeps: the step count and `auto`'s measurements and decision (the
@@ -164,14 +159,20 @@ class Pipeline:
             earlier |= consumers
         return specs
 
-    def _run_step(self, items: list[Any], weights: list[float] | None) -> StepResult:
+    def _prepare(self, items: list[Any]) -> tuple[list[str], dict[str, dict[str, Any]]]:
+        """The next step's stream names and specs (declared by `start_steps`)."""
+        if not self.stages:
+            raise ValueError(f"pipeline '{self.name}' has no stages; add them with stage()")
+        if not items:
+            raise ValueError(f"pipeline '{self.name}': run() needs at least one item")
+        self._step += 1
+        names = [f"{self.name}.step{self._step}.{i}" for i in range(len(self.stages))]
+        return names, self._stream_specs(names)
+
+    def _launch(self, names: list[str], specs: dict[str, dict[str, Any]]) -> list[Any]:
+        """Start every stage on every rank of its component; returns the futures."""
         coordinator = self.coordinator
         config = coordinator.config.pipeline
-        names = [f"{self.name}.step{self._step}.{i}" for i in range(len(self.stages))]
-        specs = self._stream_specs(names)
-        coordinator.update_channels(specs, remove=self._streams)
-        self._streams = names
-        start = time.monotonic()
         futures = []
         for index, stage in enumerate(self.stages):
             largest = min(
@@ -192,9 +193,12 @@ class Pipeline:
                 index + 1 < len(names) and specs[names[index + 1]]["policy"] != "local_first",
             )
             futures.append(coordinator.group(stage.component).call("run_stage", spec.as_dict()))
-        self._feed(names[0], items, weights, futures)
+        return futures
+
+    def _result(self, futures: list[Any], start: float) -> StepResult:
         replies = [future.result() for future in futures]
-        seconds = time.monotonic() - start
+        # the last reply's arrival, not this call's: another pipeline's step may have run longer
+        seconds = max(f.resolved_at or start for group in futures for f in group.futures) - start
         outputs = [x for reply in replies[-1] for x in reply.pop("outputs")]
         for stage_replies in replies[:-1]:
             for reply in stage_replies:
@@ -213,6 +217,16 @@ class Pipeline:
             [_summarize(stage, rs) for stage, rs in zip(self.stages, replies, strict=True)],
             [[{k: v for k, v in r.items() if k != "finish"} for r in rs] for rs in replies],
         )
+
+    def _after_step(self, result: StepResult, num_items: int) -> None:
+        if self._auto is not None:
+            self._auto.after_step(self, result, num_items)
+        for hook in self.coordinator.step_hooks:  # e.g. the memory-leak monitor
+            hook(self.name, result)
+        self.coordinator.record(
+            "pipeline_step", pipeline=self.name, step=result.step, seconds=result.seconds,
+            placement=result.placement, items=num_items, stages=result.stages,
+        )  # fmt: skip
 
     def _feed(self, name: str, items: list[Any], weights: list[float] | None, futures: list[Any]) -> None:
         """Put the items into the first stream without blocking the coordinator's duties: while
@@ -249,6 +263,56 @@ class Pipeline:
                     backoff.sleep()
         _wait_all(sending, timeout)
         channel.close()
+
+
+class RunningStep:
+    """A step that `start_steps` started: its stages run on their ranks while the coordinator
+    goes on; `result` waits for them (and raises the first stage error)."""
+
+    def __init__(self, pipeline: Pipeline, futures: list[Any], start: float, num_items: int) -> None:
+        self.pipeline = pipeline
+        self.futures = futures
+        self.start = start
+        self.num_items = num_items
+        self._result: StepResult | None = None
+
+    def done(self) -> bool:
+        """True once every stage on every rank has replied."""
+        return all(group.done() for group in self.futures)
+
+    def result(self) -> StepResult:
+        if self._result is None:
+            self._result = self.pipeline._result(self.futures, self.start)
+            self.pipeline._after_step(self._result, self.num_items)
+        return self._result
+
+
+def start_steps(*steps: tuple[Pipeline, list[Any], list[float] | None]) -> list[RunningStep]:
+    """Start one step of each ``(pipeline, items, weights)`` at the same time, e.g. training on
+    one step's samples while the next step's are generated (one-step off-policy RL). All their
+    streams are declared in one directory update before any stage starts: an update waits for
+    every rank to take it, and a rank takes it between its commands, so declaring a second
+    pipeline's streams after the first one's stages started would wait for those stages."""
+    if len({id(pipe) for pipe, _, _ in steps}) != len(steps):
+        raise ValueError("start_steps: one step per pipeline at a time")
+    if not steps:
+        return []
+    coordinator = steps[0][0].coordinator
+    prepared = [pipe._prepare(items) for pipe, items, _ in steps]
+    coordinator.update_channels(
+        {name: spec for _, specs in prepared for name, spec in specs.items()},
+        remove=[name for pipe, _, _ in steps for name in pipe._streams],
+    )
+    start = time.monotonic()
+    launched = []
+    for (pipe, _, _), (names, specs) in zip(steps, prepared, strict=True):
+        pipe._streams = names
+        launched.append(pipe._launch(names, specs))
+    running = []
+    for (pipe, items, weights), (names, _), futures in zip(steps, prepared, launched, strict=True):
+        pipe._feed(names[0], items, weights, futures)
+        running.append(RunningStep(pipe, futures, start, len(items)))
+    return running
 
 
 def _wait_all(handles: list[Any], timeout: float) -> list[Any]:

@@ -20,6 +20,13 @@ class EmulationConfig(Section):
         0.01, gt=0, le=1, description="Seconds slept per emulated second (0.01: a 300 s step in 3 s)."
     )
     steps: int = Field(6, ge=1, description="RL steps.")
+    off_policy_steps: int = Field(
+        0,
+        ge=0,
+        le=1,
+        description="`1`: the last stage (the actor) trains on step t's samples while the other "
+        "stages already produce step t+1's (one-step off-policy); `0`: on-policy.",
+    )
     samples_per_step: int | None = Field(
         None, ge=1, description="Responses (or transitions) per step; default: the profile's."
     )

@@ -8,7 +8,9 @@ step time): long-tail waiting, pipeline bubbles, switches and syncs all count as
 this scale), and after the first step the **cost model's prediction** of this placement's step
 time (`scheduler.cost_model.placement_time` from the previous step's measurements: per-item
 seconds, switches, the mean micro-batch) next to the measured one. The response lengths are a
-function of (job seed, step), the same in every mode.
+function of (job seed, step), the same in every mode. With ``emulation.off_policy_steps = 1``
+the actor's stage is a pipeline of its own, fed step t's samples while the others produce step
+t+1's (as `apps.math.flow` does for GRPO).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from rlinf_hpc.apps.emulated.profiles import PROFILES, Profile
 from rlinf_hpc.log import get_logger
 from rlinf_hpc.runtime.console import print_table
 from rlinf_hpc.runtime.metrics import MetricsLog
-from rlinf_hpc.scheduler import Coordinator, Pipeline
+from rlinf_hpc.scheduler import Coordinator, Pipeline, start_steps
 from rlinf_hpc.scheduler.cost_model import PhaseProfile, placement_time
 
 log = get_logger("emulated")
@@ -63,22 +65,52 @@ def emulated_rl_flow(coordinator: Coordinator) -> dict[str, Any]:
         "EMULATION (sleep-costed stages, not a measurement of real devices): %s, %d samples per "
         "step, time scale %g, %d worker ranks", profile.description, samples, emulation.time_scale, workers,
     )  # fmt: skip
-    pipe = Pipeline(coordinator, "emulated")
-    for name in profile.stages:
-        pipe.stage(name, "process", finish="finish", weight_key="length")
+    off_policy = bool(emulation.off_policy_steps)
+    stages = list(profile.stages)
+    parts = (
+        [("emulated_gen", stages[:-1]), ("emulated_train", stages[-1:])]
+        if off_policy
+        else [("emulated", stages)]
+    )
+    pipes = []
+    for name, components in parts:
+        pipes.append(Pipeline(coordinator, name))
+        for component in components:
+            pipes[-1].stage(component, "process", finish="finish", weight_key="length")
     metrics = MetricsLog(coordinator.run_dir, False)
     history: list[dict[str, Any]] = []
     predicted: float | None = None
     predicted_for = ""  # the placement the prediction is for (auto changes it after warm-up)
-    for step in range(emulation.steps):
+
+    def items_of(step: int) -> tuple[list[dict[str, Any]], list[float]]:
         lengths = profile.lengths(random.Random(f"{config.job.seed}:{step}"), samples)
-        items = [{"uid": i, "length": length} for i, length in enumerate(lengths)]
+        return [{"uid": i, "length": length} for i, length in enumerate(lengths)], [float(n) for n in lengths]
+
+    pending: list[Any] | None = None
+    for step in range(emulation.steps):
         cpu = time.process_time()
-        result = pipe.run(items, [float(length) for length in lengths])
+        items, weights = items_of(step)
+        lead_s = 0.0
+        if not off_policy:
+            ran = [(pipes[0], pipes[0].run(items, weights))]
+        else:
+            gen, train = pipes
+            if pending is None:
+                first = gen.run(items, weights)
+                pending, lead_s = first.outputs, first.seconds
+            todo = [(train, pending, [float(x["length"]) for x in pending])]
+            if step + 1 < emulation.steps:
+                todo.append((gen, *items_of(step + 1)))
+            ran = [(pipe, r.result()) for (pipe, _, _), r in zip(todo, start_steps(*todo), strict=True)]
+            pending = ran[1][1].outputs if len(ran) == 2 else None
+        results = [r for _, r in ran]
+        lengths = [item["length"] for item in items]
+        seconds = lead_s + max(r.seconds for r in results)
         sync_s = sync_weights(coordinator, profile)
         coordinator_cpu_s = time.process_time() - cpu
-        step_s = result.seconds + sync_s
-        useful = sum(s["useful_s"] for stats in result.finished.values() for s in stats)
+        step_s = seconds + sync_s
+        useful = sum(s["useful_s"] for r in results for stats in r.finished.values() for s in stats)
+        stage_rows = [s for r in results for s in r.stages]
         record: dict[str, Any] = {
             "step": step + 1,
             "emulated": True,
@@ -91,27 +123,32 @@ def emulated_rl_flow(coordinator: Coordinator) -> dict[str, Any]:
             "idle_fraction": round(max(0.0, 1.0 - useful / (workers * step_s)), 4),
             "coordinator_cpu_s": round(coordinator_cpu_s, 4),
             "coordinator_busy_fraction": round(coordinator_cpu_s / step_s, 4),
-            "placement": result.placement,
-            "phases_s": {s["component"]: round(s["busy_s"], 4) for s in result.stages},
-            "switch_s": round(sum(s["switch_s"] for s in result.stages), 4),
-            "micro_batch": {s["component"]: round(s["mean_micro_batch"], 2) for s in result.stages},
+            "placement": results[0].placement,
+            "policy_lag": int(off_policy and step > 0),
+            "phases_s": {s["component"]: round(s["busy_s"], 4) for s in stage_rows},
+            "switch_s": round(sum(s["switch_s"] for s in stage_rows), 4),
+            "micro_batch": {s["component"]: round(s["mean_micro_batch"], 2) for s in stage_rows},
         }
-        if result.placement == predicted_for and predicted is not None:
+        if record["placement"] == predicted_for and predicted is not None:
             record["predicted_step_s"] = round(predicted, 4)
-        # each step calibrates the cost model for the next one (its micro-batch sizes move)
-        predicted, predicted_for = predict(pipe, result, samples, sync_s), result.placement
+        # each step calibrates the cost model for the next one (its micro-batch sizes move);
+        # pipelines that run side by side take the longest one's time
+        predicted = max(predict(p, r, samples, 0.0) for p, r in ran) + sync_s
+        predicted_for = record["placement"]
         history.append(record)
         metrics.write(step + 1, record)
         log.info(
             "step %d/%d %.3f s (sync %.3f) idle %.0f%% coordinator %.1f%% %s | %s",
             step + 1, emulation.steps, step_s, sync_s, 100 * record["idle_fraction"],
-            100 * record["coordinator_busy_fraction"], result.placement,
+            100 * record["coordinator_busy_fraction"], record["placement"],
             " ".join(f"{k}:{v}" for k, v in record["micro_batch"].items()),
         )  # fmt: skip
-    pipe.close()
+    for pipe in pipes:
+        pipe.close()
     metrics.close()
     print_table(
-        f"EMULATED {profile.name} on {workers} worker ranks ({pipe.placement_label})",
+        f"EMULATED {profile.name} on {workers} worker ranks ({pipes[0].placement_label}"
+        f"{', one-step off-policy' if off_policy else ''})",
         ["step", "step s", "predicted s", "idle", "coordinator", "placement"],
         [
             (str(r["step"]), f"{r['step_s']:.3f}", f"{r.get('predicted_step_s', float('nan')):.3f}",
@@ -120,4 +157,5 @@ def emulated_rl_flow(coordinator: Coordinator) -> dict[str, Any]:
             for r in history
         ],
     )  # fmt: skip
-    return {"summary": {"emulated": True, "profile": profile.name, "placement": pipe.placement_label}}
+    summary = {"emulated": True, "profile": profile.name, "placement": pipes[0].placement_label}
+    return {"summary": {**summary, "off_policy_steps": emulation.off_policy_steps}}

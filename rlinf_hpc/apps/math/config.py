@@ -144,6 +144,14 @@ class GRPOConfig(_Section):
     minibatches: int = Field(
         1, ge=1, description="Optimizer steps per pass (the ratio leaves 1 from the second on)."
     )
+    off_policy_steps: int = Field(
+        0,
+        ge=0,
+        le=1,
+        description="`1`: one-step off-policy: while the actor updates on step t's samples, "
+        "rollout already generates step t+1's with the weights of step t-1 (the staleness is "
+        "recorded as `policy_lag`; the ratio uses the behaviour policy's log-probs). `0`: on-policy.",
+    )
     max_new_tokens: int = Field(6, ge=1, description="Longest completion.")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature of the rollout.")
     eval_every: int = Field(

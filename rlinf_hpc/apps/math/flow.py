@@ -3,9 +3,13 @@
 The macro flow, as a user would write it: warm start the actor, sync its weights to rollout and
 inference (and, for PPO, once to the critic), then per step feed prompts through rollout ->
 reward -> inference (-> critic) -> actor (a `Pipeline`: micro-batches, any placement), sync
-again, evaluate now and then. ``grpo.control`` swaps the RL update for a frozen actor or
-supervised steps, the controls of tools/bench_learning.py. Writes ``metrics.jsonl`` (one line
-per step), ``progress.png`` and the summary's headline figures.
+again, evaluate now and then. With ``grpo.off_policy_steps = 1`` the generation (rollout ->
+reward -> inference) and the training ((critic ->) actor) are two pipelines: step t's update
+runs beside step t+1's generation, which uses the weights from before that update (one step
+stale, `policy_lag` in the metrics; the importance ratio is against the behaviour policy, whose
+log-probs inference computed with the rollout's weights). ``grpo.control`` swaps the RL update
+for a frozen actor or supervised steps, the controls of tools/bench_learning.py. Writes
+``metrics.jsonl`` (one line per step), ``progress.png`` and the summary's headline figures.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from rlinf_hpc.log import get_logger
 from rlinf_hpc.runtime.checkpoint.manager import checkpoints_of
 from rlinf_hpc.runtime.console import print_table
 from rlinf_hpc.runtime.metrics import MetricsLog
-from rlinf_hpc.scheduler import Coordinator, Pipeline
+from rlinf_hpc.scheduler import Coordinator, Pipeline, start_steps
 
 log = get_logger("grpo")
 
@@ -97,13 +101,12 @@ def math_grpo_flow(coordinator: Coordinator) -> dict[str, Any]:
     checkpoints = checkpoints_of(coordinator)
     eval_set = task.eval_problems()
 
-    pipe = Pipeline(coordinator, "grpo")
-    pipe.stage("rollout", "generate")
-    pipe.stage("reward", "score").stage("inference", "logprobs")
-    if grpo.algorithm == "ppo":
-        pipe.stage("critic", "values", finish="update")
-    pipe.stage("actor", "collect", finish="update")
-    resumed = checkpoints.restore([pipe])
+    pipes = build_pipelines(coordinator)
+    off_policy = len(pipes) == 2
+    resumed = checkpoints.restore(pipes)
+    #: Off-policy: the next step's samples, generated already, and their policy lag.
+    pending: list[Any] | None = None
+    pending_lag = 0
     if resumed is None:
         warm, start_accuracy = _warm_start(coordinator, eval_set)
         history: list[dict[str, Any]] = []
@@ -115,6 +118,8 @@ def math_grpo_flow(coordinator: Coordinator) -> dict[str, Any]:
         evals = [tuple(e) for e in resumed["evals"]]
         first_step = len(history)  # steps finished (the history has one record per step)
         start_accuracy = evals[0][1]
+        if off_policy and resumed.get("pending") is not None:
+            pending, pending_lag = resumed["pending"], resumed["pending_lag"]
         if first_step >= grpo.steps:
             log.info(
                 "the checkpoint is at step %d of %d: nothing left to train (raise grpo.steps to go "
@@ -129,32 +134,55 @@ def math_grpo_flow(coordinator: Coordinator) -> dict[str, Any]:
             "evals": [list(e) for e in evals],
             "warm_start": warm,
             "rl_seconds": rl_before + time.monotonic() - started,
+            "pending": pending,
+            "pending_lag": pending_lag,
         }
 
-    for step in range(first_step, grpo.steps):
+    def items_of(step: int) -> list[dict[str, Any]]:
         problems = task.train_batch(step, grpo.prompts_per_step)
-        items = [{"uid": p.uid, "step": step, "prompt": p.prompt, "answer": p.answer} for p in problems]
-        result = pipe.run(items)
-        update = result.finished["actor"][0]
-        critic = result.finished["critic"][0] if "critic" in result.finished else {}
+        return [{"uid": p.uid, "step": step, "prompt": p.prompt, "answer": p.answer} for p in problems]
+
+    for step in range(first_step, grpo.steps):
+        lead_s = 0.0
+        if not off_policy:
+            results = [pipes[0].run(items_of(step))]
+            seconds, lag = results[0].seconds, 0
+        else:
+            gen, train = pipes
+            if pending is None:  # the first step's samples: nothing to overlap them with
+                first = gen.run(items_of(step))
+                pending, pending_lag, lead_s = first.outputs, 0, first.seconds
+            samples, lag = pending, pending_lag
+            if step + 1 < grpo.steps:
+                running = start_steps((train, samples, None), (gen, items_of(step + 1), None))
+                results = [r.result() for r in running]
+                pending, pending_lag = results[1].outputs, 1
+            else:
+                results, pending = [train.run(samples)], None
+            seconds = lead_s + max(r.seconds for r in results)  # started together
+        finished = {k: v for r in results for k, v in r.finished.items()}
+        stages = [s for r in results for s in r.stages]
+        update = finished["actor"][0]
+        critic = finished["critic"][0] if "critic" in finished else {}
         sync = sync_weights(coordinator)
         record: dict[str, Any] = {
             "step": step + 1,
             **{k: v for k, v in update.items() if k != "update_s"},
             **{k: v for k, v in critic.items() if k != "critic_update_s"},
-            "step_s": result.seconds + sync["seconds"],
-            "tokens_per_s": update["tokens"] / max(result.seconds, 1e-9),
+            "policy_lag": lag,
+            "step_s": seconds + sync["seconds"],
+            "tokens_per_s": update["tokens"] / max(seconds, 1e-9),
             "weight_sync_s": sync["seconds"],
             "weight_sync_bytes": sync["bytes"],
-            "placement": result.placement,
+            "placement": results[0].placement,
             "phases_s": {
-                **{s["component"]: round(s["busy_s"], 4) for s in result.stages},
+                **{s["component"]: round(s["busy_s"], 4) for s in stages},
                 "actor": round(update["update_s"], 4),  # collecting is free; the update is not
                 **({"critic_update": round(critic["critic_update_s"], 4)} if critic else {}),
             },
-            "switch_s": round(sum(s["switch_s"] for s in result.stages), 4),
-            "bubble_fraction": bubble_fraction(result),
-            "micro_batch": {s["component"]: round(s["mean_micro_batch"], 2) for s in result.stages},
+            "switch_s": round(sum(s["switch_s"] for s in stages), 4),
+            "bubble_fraction": bubble_fraction(stages, seconds),
+            "micro_batch": {s["component"]: round(s["mean_micro_batch"], 2) for s in stages},
         }
         if (step + 1) % grpo.eval_every == 0 or step + 1 == grpo.steps:
             record["eval_accuracy"] = evaluate(coordinator, eval_set)["accuracy"]
@@ -162,9 +190,10 @@ def math_grpo_flow(coordinator: Coordinator) -> dict[str, Any]:
         history.append(record)
         metrics.write(step + 1, record)
         _log_step(record, grpo.steps)
-        checkpoints.step_finished(step + 1, flow_state, [pipe], record["step_s"])
-    checkpoints.finish(grpo.steps, flow_state, [pipe])
-    pipe.close()
+        checkpoints.step_finished(step + 1, flow_state, pipes, record["step_s"])
+    checkpoints.finish(grpo.steps, flow_state, pipes)
+    for pipe in pipes:
+        pipe.close()
     metrics.close()
     rl_seconds = rl_before + time.monotonic() - started
     end_accuracy = evals[-1][1]
@@ -188,7 +217,9 @@ def math_grpo_flow(coordinator: Coordinator) -> dict[str, Any]:
         "control": grpo.control,
         "rl_seconds": round(rl_seconds, 3),
         "warm_start": warm,
-        "placement": pipe.placement_label,
+        "placement": pipes[0].placement_label,
+        "off_policy_steps": grpo.off_policy_steps,
+        "mean_policy_lag": sum(r.get("policy_lag", 0) for r in history) / len(history),
         "mean_step_s": sum(r["step_s"] for r in history) / len(history),
         "tokens_per_s": sum(r["tokens"] for r in history) / max(sum(r["step_s"] for r in history), 1e-9),
         "resumed_from_step": checkpoints.resumed_step if resumed else None,
@@ -202,12 +233,33 @@ def _label(grpo: Any) -> str:
     return grpo.algorithm.upper() if grpo.control == "none" else f"{grpo.control}-control"
 
 
-def bubble_fraction(result: Any) -> float:
+def build_pipelines(coordinator: Coordinator) -> list[Pipeline]:
+    """On-policy: one pipeline, rollout -> reward -> inference (-> critic) -> actor. One-step
+    off-policy: generation (rollout -> reward -> inference, whose outputs come back to the
+    coordinator) and training ((critic ->) actor), which run side by side."""
+    grpo = coordinator.config.grpo
+    generation = [("rollout", "generate", None), ("reward", "score", None), ("inference", "logprobs", None)]
+    training = [("critic", "values", "update")] if grpo.algorithm == "ppo" else []
+    training.append(("actor", "collect", "update"))
+    if grpo.off_policy_steps:
+        parts = [("grpo_gen", generation), ("grpo_train", training)]
+    else:
+        parts = [("grpo", generation + training)]
+    pipes = []
+    for name, stages in parts:
+        pipe = Pipeline(coordinator, name)
+        for component, method, finish in stages:
+            pipe.stage(component, method, finish=finish)
+        pipes.append(pipe)
+    return pipes
+
+
+def bubble_fraction(stages: list[dict[str, Any]], seconds: float) -> float:
     """Share of the step's rank-time (every worker rank of a stage, step wall time) in which
     no stage did work: 1 - (busy + finish time of every stage) / (step time x ranks)."""
-    ranks = {rank for stage in result.stages for rank in stage["ranks"]}
-    work = sum(s["busy_s"] + s["finish_s"] for s in result.stages)
-    return round(max(0.0, 1.0 - work / max(result.seconds * len(ranks), 1e-9)), 4)
+    ranks = {rank for stage in stages for rank in stage["ranks"]}
+    work = sum(s["busy_s"] + s["finish_s"] for s in stages)
+    return round(max(0.0, 1.0 - work / max(seconds * len(ranks), 1e-9)), 4)
 
 
 def _log_step(record: dict[str, Any], steps: int) -> None:
