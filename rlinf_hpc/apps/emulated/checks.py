@@ -32,6 +32,6 @@ def validate(config: Any) -> None:
     if emulation.off_policy_steps and config.placement.mode == "auto":
         raise UserError(
             "emulation.off_policy_steps = 1 runs two pipelines at once (the actor on step t "
-            "beside generation of step t+1); placement.mode = \"auto\" measures and places one. "
+            'beside generation of step t+1); placement.mode = "auto" measures and places one. '
             'Choose the placement ("disaggregated", "hybrid") or use off_policy_steps = 0 with auto.'
         )
