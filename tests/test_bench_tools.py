@@ -157,7 +157,7 @@ def test_bench_scale_runs_the_emulated_cluster_and_writes_every_ratio(tmp_path: 
     out = tmp_path / "bench.json"
     command = [
         str(BIN / "python"), str(REPO / "tools" / "bench_scale.py"), "--quick", "--ranks", "8",
-        "--others", "", "--modes", "centralized,collocated,auto", "--steps", "3", "--time-scale", "0.0025",
+        "--others", "", "--modes", "centralized,collocated,auto", "--steps", "4", "--time-scale", "0.0025",
         "--out", str(tmp_path / "runs"), "--json", str(out),
     ]  # fmt: skip
     result = run_command(command, timeout=400)

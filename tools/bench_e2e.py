@@ -20,7 +20,8 @@ Modes (all on ``--np`` ranks: the coordinator plus np-1 workers):
 
 Each mode runs the job as a separate ``rlinf-hpc run`` (warm start cached per actor size) and
 reads the run's ``metrics.jsonl``: mean step time, tokens/s, bubble fraction and switch time
-over the steps after the first two (for auto: after its warm-up and the first decided step).
+over the steps after the first two but the last (for auto: after its warm-up and the first
+decided step; off-policy's first step also generates its samples, its last only trains).
 Ratios: ``best_vs_centralized`` and ``best_vs_fixed_pipeline`` = the baseline's step time / the
 best of our manual modes' (reported: the issue's 1.5 / 1.3 are for the emulated cluster, see
 tools/bench_scale.py; 2 cores cannot overlap much), ``auto_vs_best`` = the best manual mode's
@@ -121,7 +122,7 @@ def run_mode(mode: str, steps: int, np: int, cache: Path, out: Path, extra: list
     started = time.monotonic()
     metrics = _job(out / mode, np, sets, mode)
     skip = 3 if mode == "auto" else 2
-    measured = metrics[skip:]
+    measured = metrics[skip:-1]  # not the last: off-policy's only trains
     step_s = sum(m["step_s"] for m in measured) / len(measured)
     return {
         "step_s": step_s,
@@ -140,7 +141,7 @@ def run_accuracy(steps: int, out: Path, extra: list[str]) -> dict[str, Any]:
     for name, sets in (("on_policy", []), ("off_policy", ["grpo.off_policy_steps=1"])):
         print(f"running the main job {name}, {steps} steps ...", flush=True)
         metrics = _job(out / f"main-{name}", 5, [f"grpo.steps={steps}", *extra, *sets], name)
-        measured = metrics[2:]
+        measured = metrics[2:-1]
         found[name] = {
             "step_s": sum(m["step_s"] for m in measured) / len(measured),
             "eval_accuracy_end": metrics[-1]["eval_accuracy"],

@@ -24,8 +24,9 @@ responses (lengths are a function of seed and step):
 * ``off_policy``: ``disaggregated`` with one-step off-policy (the actor trains on step t's
   samples while the other stages produce step t+1's).
 
-Per mode: mean step time (steps after the first two; auto: after its warm-up and the first
-decided step), idle fraction of the worker ranks, the coordinator's CPU share, and the cost
+Per mode: mean step time (steps after the first two but the last; auto: after its warm-up and
+the first decided step; off-policy's first step also generates its samples, its last only
+trains), idle fraction of the worker ranks, the coordinator's CPU share, and the cost
 model's predicted step time (calibrated on the step before) next to the measured one.
 Ratios (on ``--profile`` at the largest and the middle rank count): ``best_vs_centralized``,
 ``best_vs_fixed_pipeline`` (>= 1.5, >= 1.3: the best of our manual modes), ``auto_vs_best``
@@ -159,7 +160,8 @@ def run_mode(config: Path, out: Path, mode: str, ranks: int, sets: list[str]) ->
         )
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     skip = 3 if mode == "auto" else 2
-    measured = records[skip:] or records[-1:]
+    # not the last step either: off-policy's last step only trains (nothing left to generate)
+    measured = records[skip:-1] or records[-1:]
 
     def mean(key: str) -> float:
         return sum(r[key] for r in measured) / len(measured)
@@ -213,7 +215,7 @@ def main() -> int:
     )
     parser.add_argument("--others-ranks", type=int, default=16)
     parser.add_argument("--others-modes", default="centralized,fixed_pipeline,disaggregated,collocated")
-    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--micro-batch", type=int, default=32)
     parser.add_argument("--time-scale", type=float, default=0.01)
     parser.add_argument("--modes", default=",".join(MODES))
@@ -225,8 +227,8 @@ def main() -> int:
     ranks = sorted(int(r) for r in args.ranks.split(","))
     modes = [m for m in args.modes.split(",") if m]
     unknown = set(modes) - set(MODES)
-    if unknown or args.steps < 3:
-        parser.error(f"unknown modes {sorted(unknown)}" if unknown else "--steps must be >= 3")
+    if unknown or args.steps < 4:
+        parser.error(f"unknown modes {sorted(unknown)}" if unknown else "--steps must be >= 4")
     from rlinf_hpc.runtime.console import print_table
 
     out = Path(args.out or tempfile.mkdtemp(prefix="bench-scale-"))
@@ -280,7 +282,7 @@ def main() -> int:
         "per rank count (" + args.profile + ")",
         ["ranks", "best mode", "best/centralized", "best/fixed", "auto/best", "idle best/centralized",
          "off/on-policy"],
-        [(k, v["best"], f"{v['best_vs_centralized']:.2f}", f"{v['best_vs_fixed_pipeline']:.2f}",
+        [(k, str(v["best"]), f"{v['best_vs_centralized']:.2f}", f"{v['best_vs_fixed_pipeline']:.2f}",
           f"{v['auto_vs_best']:.2f}", f"{v['idle_vs_centralized']:.2f}",
           f"{v['off_policy_vs_on_policy']:.2f}") for k, v in per_size.items()],
     )  # fmt: skip
@@ -303,38 +305,37 @@ def compute_ratios(
     for count in [str(r) for r in ranks]:
         modes = by_ranks[count]
         ours = {m: modes[m]["step_s"] for m in OURS if m in modes}
-        if not ours or "centralized" not in modes:
-            continue
-        best = min(ours, key=ours.__getitem__)
-        entry = {
+        best = min(ours, key=ours.__getitem__) if ours else None
+
+        def ratio(a: str | None, b: str | None, key: str = "step_s", modes: dict = modes) -> float:
+            if a is None or b is None or a not in modes or b not in modes:
+                return math.nan
+            return modes[a][key] / max(modes[b][key], 1e-9)
+
+        per_size[count] = {
             "best": best,
-            "best_vs_centralized": modes["centralized"]["step_s"] / ours[best],
-            "best_vs_fixed_pipeline": modes["fixed_pipeline"]["step_s"] / ours[best]
-            if "fixed_pipeline" in modes
-            else math.nan,
-            "auto_vs_best": ours[best] / modes["auto"]["step_s"] if "auto" in modes else math.nan,
-            "idle_vs_centralized": modes[best]["idle_fraction"]
-            / max(modes["centralized"]["idle_fraction"], 1e-9),
-            "off_policy_vs_on_policy": modes["disaggregated"]["step_s"] / modes["off_policy"]["step_s"]
-            if "off_policy" in modes and "disaggregated" in modes
-            else math.nan,
+            "best_vs_centralized": ratio("centralized", best),
+            "best_vs_fixed_pipeline": ratio("fixed_pipeline", best),
+            "auto_vs_best": ratio(best, "auto"),
+            "idle_vs_centralized": ratio(best, "centralized", "idle_fraction"),
+            "off_policy_vs_on_policy": ratio("disaggregated", "off_policy"),
         }
-        per_size[count] = entry
     judged = [per_size[str(r)] for r in ranks[-2:] if str(r) in per_size] or list(per_size.values())
-    ratios = {
-        "best_vs_centralized": min(e["best_vs_centralized"] for e in judged),
-        "best_vs_fixed_pipeline": min(e["best_vs_fixed_pipeline"] for e in judged),
-        "auto_vs_best": min(e["auto_vs_best"] for e in judged),
-        "idle_vs_centralized": max(e["idle_vs_centralized"] for e in judged),
-        "off_policy_vs_on_policy": min(e["off_policy_vs_on_policy"] for e in judged),
-    }
+    ratios = {}
+    for key in ("best_vs_centralized", "best_vs_fixed_pipeline", "auto_vs_best", "off_policy_vs_on_policy"):
+        values = [e[key] for e in judged if not math.isnan(e[key])]
+        if values:
+            ratios[key] = min(values)  # the worse of the two rank counts
+    values = [e["idle_vs_centralized"] for e in judged if not math.isnan(e["idle_vs_centralized"])]
+    if values:
+        ratios["idle_vs_centralized"] = max(values)
     errors = [
         abs(r["predicted_step_s"] - r["step_s"]) / r["step_s"]
         for modes in by_ranks.values() for r in modes.values() if r["predicted_step_s"]
     ]  # fmt: skip
     if errors:
         ratios["cost_model_error"] = max(errors)
-    return {k: v for k, v in ratios.items() if not math.isnan(v)}, per_size
+    return ratios, per_size
 
 
 if __name__ == "__main__":
