@@ -209,3 +209,13 @@ def wait_for_pids(proc: subprocess.Popen[str]) -> tuple[list[int], list[str]]:
             return [int(p) for p in line.split()[1:]], lines
     os.killpg(proc.pid, signal.SIGKILL)
     pytest.fail("job never printed its PIDS line:\n" + "".join(lines))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``-n 2 --dist loadgroup``, as CI runs it): a file's tests stay on one
+    worker (module fixtures such as the checkpoint references are built once), and every test
+    that submits to the local SLURM cluster runs on the same worker, one after another (the
+    cluster's 8 CPUs hold one test's jobs, not two)."""
+    for item in items:
+        slurm = item.get_closest_marker("slurm") is not None
+        item.add_marker(pytest.mark.xdist_group("slurm" if slurm else item.path.name))
