@@ -212,10 +212,21 @@ def wait_for_pids(proc: subprocess.Popen[str]) -> tuple[list[int], list[str]]:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (``-n 2 --dist loadgroup``, as CI runs it): a file's tests stay on one
-    worker (module fixtures such as the checkpoint references are built once), and every test
-    that submits to the local SLURM cluster runs on the same worker, one after another (the
-    cluster's 8 CPUs hold one test's jobs, not two)."""
+    """Under pytest-xdist (``-n 2 --dist loadgroup``, as the README's test command runs it):
+    every test that submits to the local SLURM cluster runs on the same worker, one after
+    another (the cluster's 8 CPUs hold one test's jobs, not two), and the tests of a file that
+    shares a module- or session-scoped fixture of its own (the checkpoint references) stay on
+    one worker, which builds it once; every other test goes wherever a worker is free."""
     for item in items:
-        slurm = item.get_closest_marker("slurm") is not None
-        item.add_marker(pytest.mark.xdist_group("slurm" if slurm else item.path.name))
+        if item.get_closest_marker("slurm") is not None:
+            item.add_marker(pytest.mark.xdist_group("slurm"))
+            continue
+        info = getattr(item, "_fixtureinfo", None)
+        shared = [
+            d
+            for defs in (info.name2fixturedefs.values() if info else ())
+            for d in defs
+            if d.scope in ("module", "package", "session") and d.baseid  # ours, not pytest's
+        ]
+        if shared:
+            item.add_marker(pytest.mark.xdist_group(item.path.name))
