@@ -22,7 +22,8 @@ responses (lengths are a function of seed and step):
 * ours: ``disaggregated``, ``collocated`` and ``hybrid`` with elastic micro-batches, and
   ``auto`` (one collocated warm-up step, then the cost model's choice);
 * ``off_policy``: ``disaggregated`` with one-step off-policy (the actor trains on step t's
-  samples while the other stages produce step t+1's).
+  samples while the other stages produce step t+1's); ``off_policy_fixed``: the same with the
+  fixed pipeline's micro-batches (the off-policy effect without the elastic controller's).
 
 Per mode: mean step time (steps after the first two but the last; auto: after its warm-up and
 the first decided step; off-policy's first step also generates its samples, its last only
@@ -32,7 +33,8 @@ Ratios (on ``--profile`` at the largest and the middle rank count): ``best_vs_ce
 ``best_vs_fixed_pipeline`` (>= 1.5, >= 1.3: the best of our manual modes), ``auto_vs_best``
 (>= 0.95), ``cost_model_error`` (<= 0.10: the largest relative error over modes and rank
 counts), ``idle_vs_centralized`` (<= 0.5: the best mode's idle fraction / centralized's),
-``off_policy_vs_on_policy`` (>= 1.3: disaggregated's step time / off_policy's).
+``off_policy_vs_on_policy`` (>= 1.3: disaggregated's step time / off_policy's), and beside it
+(reported) ``off_policy_fixed_vs_fixed_pipeline``.
 """
 
 from __future__ import annotations
@@ -64,8 +66,12 @@ REQUIRED = {
     "cost_model_error": ("<=", 0.10),
     "idle_vs_centralized": ("<=", 0.5),
     "off_policy_vs_on_policy": (">=", 1.3),
+    "off_policy_fixed_vs_fixed_pipeline": (">=", 1.3),
 }
-MODES = ("centralized", "fixed_pipeline", "disaggregated", "collocated", "hybrid", "auto", "off_policy")
+MODES = (
+    "centralized", "fixed_pipeline", "disaggregated", "collocated", "hybrid", "auto", "off_policy",
+    "off_policy_fixed",
+)  # fmt: skip
 OURS = ("disaggregated", "collocated", "hybrid")
 
 
@@ -103,12 +109,14 @@ def mode_settings(mode: str, profile: Profile, workers: int, samples: int, micro
             *whole,
             *every,
         ]
-    if mode in ("fixed_pipeline", "disaggregated", "off_policy"):
+    if mode in ("fixed_pipeline", "disaggregated", "off_policy", "off_policy_fixed"):
         split = work_split(profile, workers, micro_batch)
         sets = ["placement.mode=disaggregated", *[f"components.{s}.num_ranks={n}" for s, n in split.items()]]
         if mode == "off_policy":
             return [*sets, *elastic, "emulation.off_policy_steps=1"]
-        if mode == "fixed_pipeline":
+        if mode == "off_policy_fixed":
+            sets.append("emulation.off_policy_steps=1")
+        if mode in ("fixed_pipeline", "off_policy_fixed"):
             fixed = [
                 f"pipeline.{k}={micro_batch}" for k in ("micro_batch", "min_micro_batch", "max_micro_batch")
             ]
@@ -319,10 +327,14 @@ def compute_ratios(
             "auto_vs_best": ratio(best, "auto"),
             "idle_vs_centralized": ratio(best, "centralized", "idle_fraction"),
             "off_policy_vs_on_policy": ratio("disaggregated", "off_policy"),
+            "off_policy_fixed_vs_fixed_pipeline": ratio("fixed_pipeline", "off_policy_fixed"),
         }
     judged = [per_size[str(r)] for r in ranks[-2:] if str(r) in per_size] or list(per_size.values())
     ratios = {}
-    for key in ("best_vs_centralized", "best_vs_fixed_pipeline", "auto_vs_best", "off_policy_vs_on_policy"):
+    for key in (
+        "best_vs_centralized", "best_vs_fixed_pipeline", "auto_vs_best", "off_policy_vs_on_policy",
+        "off_policy_fixed_vs_fixed_pipeline",
+    ):  # fmt: skip
         values = [e[key] for e in judged if not math.isnan(e[key])]
         if values:
             ratios[key] = min(values)  # the worse of the two rank counts
