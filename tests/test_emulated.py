@@ -48,16 +48,20 @@ def test_profile_and_components_must_match() -> None:
         load_config(CONFIGS / "emulated_grpo_7b.toml", ["emulation.profile=grpo-8b"])
 
 
-def test_emulated_job_streams_responses_and_reports_idle_and_predictions(tmp_path: Path) -> None:
-    run = tmp_path / "run"
+def _emulated_args(run: Path, samples: int, *extra: str) -> list[str]:
+    """A 3-step emulated 7B job on 8 ranks (4 rollout ranks, 1 actor rank)."""
     sets = [
         "components.rollout.num_ranks=4", "components.actor.num_ranks=1", "emulation.steps=3",
-        "emulation.samples_per_step=256", "emulation.time_scale=0.005", "pipeline.micro_batch=32",
+        f"emulation.samples_per_step={samples}", "emulation.time_scale=0.005", "pipeline.micro_batch=32",
+        *extra,
     ]  # fmt: skip
     args = ["run", str(CONFIGS / "emulated_grpo_7b.toml"), "--np", "8", "--run-dir", str(run)]
-    for item in sets:
-        args += ["--set", item]
-    result = rlinf(*args, timeout=240)
+    return args + [x for item in sets for x in ("--set", item)]
+
+
+def test_emulated_job_streams_responses_and_reports_idle_and_predictions(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    result = rlinf(*_emulated_args(run, 256), timeout=240)
     assert result.returncode == 0, result.output
     assert "EMULATION (sleep-costed stages" in result.output
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -73,14 +77,7 @@ def test_emulated_job_streams_responses_and_reports_idle_and_predictions(tmp_pat
 
 def test_one_step_off_policy_generates_the_next_step_while_the_actor_trains(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    sets = [
-        "components.rollout.num_ranks=4", "components.actor.num_ranks=1", "emulation.steps=3",
-        "emulation.samples_per_step=128", "emulation.time_scale=0.005", "pipeline.micro_batch=32",
-        "emulation.off_policy_steps=1",
-    ]  # fmt: skip
-    args = ["run", str(CONFIGS / "emulated_grpo_7b.toml"), "--np", "8", "--run-dir", str(run)]
-    for item in sets:
-        args += ["--set", item]
+    args = _emulated_args(run, 128, "emulation.off_policy_steps=1")
     result = rlinf(*args, timeout=240)
     assert result.returncode == 0, result.output
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]

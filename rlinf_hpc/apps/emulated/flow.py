@@ -23,8 +23,9 @@ from rlinf_hpc.apps.emulated.profiles import PROFILES, Profile
 from rlinf_hpc.log import get_logger
 from rlinf_hpc.runtime.console import print_table
 from rlinf_hpc.runtime.metrics import MetricsLog
-from rlinf_hpc.scheduler import Coordinator, Pipeline, start_steps
+from rlinf_hpc.scheduler import Coordinator, Pipeline
 from rlinf_hpc.scheduler.cost_model import PhaseProfile, placement_time
+from rlinf_hpc.scheduler.off_policy import OneStepAhead
 
 log = get_logger("emulated")
 
@@ -86,26 +87,23 @@ def emulated_rl_flow(coordinator: Coordinator) -> dict[str, Any]:
         lengths = profile.lengths(random.Random(f"{config.job.seed}:{step}"), samples)
         return [{"uid": i, "length": length} for i, length in enumerate(lengths)], [float(n) for n in lengths]
 
-    pending: list[Any] | None = None
+    ahead = (
+        OneStepAhead(*pipes, emulation.steps, lambda samples: [float(x["length"]) for x in samples])
+        if off_policy
+        else None
+    )
     for step in range(emulation.steps):
         cpu = time.process_time()
         items, weights = items_of(step)
-        lead_s = 0.0
-        if not off_policy:
-            ran = [(pipes[0], pipes[0].run(items, weights))]
+        if ahead is None:
+            results, lag = [pipes[0].run(items, weights)], 0
+            seconds = results[0].seconds
         else:
-            gen, train = pipes
-            if pending is None:
-                first = gen.run(items, weights)
-                pending, lead_s = first.outputs, first.seconds
-            todo = [(train, pending, [float(x["length"]) for x in pending])]
-            if step + 1 < emulation.steps:
-                todo.append((gen, *items_of(step + 1)))
-            ran = [(pipe, r.result()) for (pipe, _, _), r in zip(todo, start_steps(*todo), strict=True)]
-            pending = ran[1][1].outputs if len(ran) == 2 else None
-        results = [r for _, r in ran]
+            done = ahead.step(step, items_of)
+            results, seconds, lag = done.results, done.seconds, done.lag
+        # the pipelines of the results (training first when off-policy), for the cost model
+        ran = list(zip([ahead.training, ahead.generation] if ahead else pipes, results, strict=False))
         lengths = [item["length"] for item in items]
-        seconds = lead_s + max(r.seconds for r in results)
         sync_s = sync_weights(coordinator, profile)
         coordinator_cpu_s = time.process_time() - cpu
         step_s = seconds + sync_s
@@ -124,7 +122,7 @@ def emulated_rl_flow(coordinator: Coordinator) -> dict[str, Any]:
             "coordinator_cpu_s": round(coordinator_cpu_s, 4),
             "coordinator_busy_fraction": round(coordinator_cpu_s / step_s, 4),
             "placement": results[0].placement,
-            "policy_lag": int(off_policy and step > 0),
+            "policy_lag": lag,
             "phases_s": {s["component"]: round(s["busy_s"], 4) for s in stage_rows},
             "switch_s": round(sum(s["switch_s"] for s in stage_rows), 4),
             "micro_batch": {s["component"]: round(s["mean_micro_batch"], 2) for s in stage_rows},

@@ -25,7 +25,8 @@ from rlinf_hpc.log import get_logger
 from rlinf_hpc.runtime.checkpoint.manager import checkpoints_of
 from rlinf_hpc.runtime.console import print_table
 from rlinf_hpc.runtime.metrics import MetricsLog
-from rlinf_hpc.scheduler import Coordinator, Pipeline, start_steps
+from rlinf_hpc.scheduler import Coordinator, Pipeline
+from rlinf_hpc.scheduler.off_policy import OneStepAhead
 
 log = get_logger("grpo")
 
@@ -102,11 +103,8 @@ def math_grpo_flow(coordinator: Coordinator) -> dict[str, Any]:
     eval_set = task.eval_problems()
 
     pipes = build_pipelines(coordinator)
-    off_policy = len(pipes) == 2
+    ahead = OneStepAhead(*pipes, grpo.steps) if len(pipes) == 2 else None
     resumed = checkpoints.restore(pipes)
-    #: Off-policy: the next step's samples, generated already, and their policy lag.
-    pending: list[Any] | None = None
-    pending_lag = 0
     if resumed is None:
         warm, start_accuracy = _warm_start(coordinator, eval_set)
         history: list[dict[str, Any]] = []
@@ -118,8 +116,8 @@ def math_grpo_flow(coordinator: Coordinator) -> dict[str, Any]:
         evals = [tuple(e) for e in resumed["evals"]]
         first_step = len(history)  # steps finished (the history has one record per step)
         start_accuracy = evals[0][1]
-        if off_policy and resumed.get("pending") is not None:
-            pending, pending_lag = resumed["pending"], resumed["pending_lag"]
+        if ahead is not None:
+            ahead.load_state_dict(resumed)  # the samples it had generated ahead
         if first_step >= grpo.steps:
             log.info(
                 "the checkpoint is at step %d of %d: nothing left to train (raise grpo.steps to go "
@@ -134,32 +132,20 @@ def math_grpo_flow(coordinator: Coordinator) -> dict[str, Any]:
             "evals": [list(e) for e in evals],
             "warm_start": warm,
             "rl_seconds": rl_before + time.monotonic() - started,
-            "pending": pending,
-            "pending_lag": pending_lag,
+            **(ahead.state_dict() if ahead is not None else {}),
         }
 
-    def items_of(step: int) -> list[dict[str, Any]]:
+    def items_of(step: int) -> tuple[list[dict[str, Any]], None]:
         problems = task.train_batch(step, grpo.prompts_per_step)
-        return [{"uid": p.uid, "step": step, "prompt": p.prompt, "answer": p.answer} for p in problems]
+        return [{"uid": p.uid, "step": step, "prompt": p.prompt, "answer": p.answer} for p in problems], None
 
     for step in range(first_step, grpo.steps):
-        lead_s = 0.0
-        if not off_policy:
-            results = [pipes[0].run(items_of(step))]
+        if ahead is None:
+            results = [pipes[0].run(*items_of(step))]
             seconds, lag = results[0].seconds, 0
         else:
-            gen, train = pipes
-            if pending is None:  # the first step's samples: nothing to overlap them with
-                first = gen.run(items_of(step))
-                pending, pending_lag, lead_s = first.outputs, 0, first.seconds
-            samples, lag = pending, pending_lag
-            if step + 1 < grpo.steps:
-                running = start_steps((train, samples, None), (gen, items_of(step + 1), None))
-                results = [r.result() for r in running]
-                pending, pending_lag = results[1].outputs, 1
-            else:
-                results, pending = [train.run(samples)], None
-            seconds = lead_s + max(r.seconds for r in results)  # started together
+            done = ahead.step(step, items_of)
+            results, seconds, lag = done.results, done.seconds, done.lag
         finished = {k: v for r in results for k, v in r.finished.items()}
         stages = [s for r in results for s in r.stages]
         update = finished["actor"][0]
