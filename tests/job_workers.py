@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 from rlinf_hpc.apps.embodied import APP as EMBODIED_APP
@@ -476,3 +478,18 @@ def embodied_interrupt_flow(coordinator: Coordinator) -> Any:
 EMBODIED_INTERRUPT = dataclasses.replace(
     EMBODIED_APP, name="embodied_interrupt", flow="job_workers:embodied_interrupt_flow"
 )
+
+
+def gpu_flow(coordinator: Coordinator) -> None:
+    """test_gpu_health: start the fake NVML's story (90 °C until 4 s, XID 79 at 6 s) once the
+    ranks are up, time the first call (it waits for the GPU to cool), then keep working."""
+    scenario = Path(os.environ["FAKE_NVML_SCENARIO"])
+    story = [[0, {"temp_c": 90}], [4, {"temp_c": 70}], [6, {"xids": [79]}]]
+    scenario.write_text(json.dumps({"gpus": 1, "t0": time.time(), "changes": story}))
+    time.sleep(1.5)  # the workers' guards read 90 °C (they poll every 0.5 s)
+    started = time.monotonic()
+    coordinator.group("alpha").call("echo", 1).result()
+    first_call_s = time.monotonic() - started
+    (coordinator.run_dir / "gpu_flow.json").write_text(json.dumps({"first_call_s": first_call_s}))
+    for _ in range(60):  # the XID ends the job
+        coordinator.group("alpha").call("sleep", 0.5).result()

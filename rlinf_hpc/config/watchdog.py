@@ -46,6 +46,26 @@ class WatchdogConfig(_Section):
         10, ge=2, description="... in 80% of this many pipeline steps is named a straggler."
     )
 
+    gpu_health: bool = Field(
+        True,
+        description="Watch the GPU of every rank that works on one through NVML (temperature, XID, "
+        "ECC, remapped rows, throttling, memory); off by itself without a GPU.",
+    )
+    gpu_poll_s: float = Field(10.0, gt=0, description="Seconds between a rank's NVML readings.")
+    gpu_temp_c: float = Field(85.0, gt=0, description="A GPU at or above this temperature (°C)...")
+    gpu_temp_action: Literal["warn", "pause", "checkpoint_stop"] = Field(
+        "pause",
+        description="... `warn`; `pause`: its rank starts no new call until the GPU is 5 °C cooler "
+        "(at most gpu_pause_max_s, then the job saves and stops); `checkpoint_stop`.",
+    )
+    gpu_pause_max_s: float = Field(600.0, gt=0, description="The longest a hot GPU pauses its rank.")
+    gpu_fault_action: Literal["warn", "checkpoint_stop", "abort"] = Field(
+        "checkpoint_stop",
+        description="On a hardware fault (a critical XID other than an application's, a new "
+        "double-bit ECC error, a failed row remapping): `warn`, `checkpoint_stop` (save while the "
+        "GPU still answers, then stop), `abort`.",
+    )
+
     @model_validator(mode="after")
     def _check(self) -> WatchdogConfig:
         if self.hang_timeout_s < 3 * self.heartbeat_s:

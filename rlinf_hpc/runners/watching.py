@@ -13,8 +13,10 @@ from rlinf_hpc.config import Config
 from rlinf_hpc.log import get_logger
 from rlinf_hpc.runtime import deathwatch
 from rlinf_hpc.runtime.events import EventLog
+from rlinf_hpc.runtime.gpu_health import FAULT_KINDS
 from rlinf_hpc.runtime.leaks import LeakMonitor, make_step_hook
 from rlinf_hpc.runtime.rundir import RunDirectory
+from rlinf_hpc.runtime.signals import request_stop
 from rlinf_hpc.runtime.watchdog import HEARTBEATS, Watchdog, read_heartbeat
 from rlinf_hpc.scheduler import Coordinator
 
@@ -42,9 +44,46 @@ def start_watchdog(
             log.exception("could not record the failure in the run directory")
         abort(1)  # the main thread may be waiting on the lost rank: end every rank from here
 
+    def on_gpu_alarm(rank: int, record: dict[str, Any], alarm: dict[str, Any]) -> None:
+        act_on_gpu_alarm(watch, rank, record, alarm, events.write, on_fatal)
+
     return Watchdog(
-        directory.path, world_size, watch.hang_timeout_s, watch.heartbeat_s, watch.action, on_fatal
-    )
+        directory.path, world_size, watch.hang_timeout_s, watch.heartbeat_s, watch.action, on_fatal,
+        on_gpu_alarm if watch.gpu_health else None,
+    )  # fmt: skip
+
+
+def act_on_gpu_alarm(
+    watch: Any,
+    rank: int,
+    record: dict[str, Any],
+    alarm: dict[str, Any],
+    write_event: Any,
+    on_fatal: Any,
+) -> str:
+    """Rank 0's answer to a rank's GPU alarm (`runtime.gpu_health`): log it, record a
+    ``gpu_health`` event, and act as `[watchdog]` says; returns the action taken."""
+    kind = alarm.get("kind", "?")
+    who = f"rank {rank} ({record.get('roles') or '-'}) on {record.get('host')}"
+    if kind in FAULT_KINDS:
+        action = watch.gpu_fault_action
+    elif kind == "overheat":
+        action = watch.gpu_temp_action
+    elif kind == "still_hot":
+        action = "checkpoint_stop"
+    else:  # cooled, a pending row remapping, throttling
+        action = "warn"
+    message = f"{who}: {alarm.get('message')}"
+    (log.info if kind == "cooled" else log.warning)("%s (action %s)", message, action)
+    write_event("gpu_health", rank=rank, host=record.get("host"), component=record.get("roles"),
+                kind=kind, device=alarm.get("device"), value=alarm.get("value"),
+                message=alarm.get("message"), action=action)  # fmt: skip
+    if action == "checkpoint_stop":
+        request_stop(f"GPU {kind} on rank {rank}")
+    elif action == "abort":
+        on_fatal(message, {"rank": rank, "component": record.get("roles"), "host": record.get("host"),
+                           "error": f"GPU {kind}", "activity": record.get("activity")})  # fmt: skip
+    return action
 
 
 def start_deathwatch(directory: RunDirectory) -> Any:

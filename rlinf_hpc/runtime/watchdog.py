@@ -58,6 +58,7 @@ class Heartbeat:
         self.roles = "coordinator" if rank == 0 else ""
         self.activity, self.since = "starting", time.time()
         self._dumped: str | None = None
+        self.gpu: Any = None  # `GpuGuard` once a component of this rank works on a GPU
         self._stop = threading.Event()
         self._write_lock = threading.Lock()  # the main thread beats too, on a new component
         self._beat()
@@ -73,6 +74,7 @@ class Heartbeat:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
+            self._poll_gpu()
             try:
                 self._beat()
                 self._answer_dump_request()
@@ -82,11 +84,24 @@ class Heartbeat:
                 log.warning("heartbeat of rank %d stopped: %s", self.rank, exc)
                 return
 
+    def watch_gpu(self, guard: Any) -> None:
+        """Poll ``guard`` (a `GpuGuard`) on every beat and carry its figures and alarms."""
+        self.gpu = guard
+
+    def _poll_gpu(self) -> None:
+        if self.gpu is None:
+            return
+        try:
+            self.gpu.poll()
+        except Exception as exc:  # noqa: BLE001 - a broken NVML must not stop the heartbeat
+            log.warning("GPU health checks of rank %d stopped: %s", self.rank, exc)
+            self.gpu = None
+
     def _beat(self, left: bool = False) -> None:
         record = {
             "rank": self.rank, "pid": os.getpid(), "host": socket.gethostname(), "time": time.time(),
             "roles": self.roles, "activity": self.activity, "since": self.since, "left": left,
-            **memory_in_use(),
+            **memory_in_use(), **(self.gpu.record() if self.gpu is not None else {}),
         }  # fmt: skip
         path = self.dir / f"rank-{self.rank}.json"
         tmp = path.with_name(f".{path.name}.tmp")
@@ -131,6 +146,8 @@ class Heartbeat:
         """The rank leaves normally: a last beat says so (the watch then ignores it)."""
         self._stop.set()
         self._thread.join(timeout=self.interval + 1)
+        if self.gpu is not None:
+            self.gpu.close()
         try:
             self.doing("left")
             self._beat(left=True)
@@ -202,8 +219,11 @@ class Watchdog:
         interval: float,
         action: str,
         on_fatal: Callable[[str, dict[str, Any]], None],
+        on_gpu_alarm: Callable[[int, dict[str, Any], dict[str, Any]], None] | None = None,
     ) -> None:
         self.run_dir = run_dir
+        self.on_gpu_alarm = on_gpu_alarm
+        self._gpu_seen: dict[int, int] = {}
         self.world_size = world_size
         self.hang_timeout_s = hang_timeout_s
         self.interval = interval
@@ -242,8 +262,25 @@ class Watchdog:
                 )  # fmt: skip
         return problems
 
+    def gpu_alarms(self) -> list[tuple[int, dict[str, Any], dict[str, Any]]]:
+        """GPU alarms raised since the last call: ``(rank, heartbeat record, alarm)``, every rank."""
+        out = []
+        for rank in range(self.world_size):
+            record = read_heartbeat(self.run_dir / HEARTBEATS / f"rank-{rank}.json")
+            if record is None:
+                continue
+            seen = self._gpu_seen.get(rank, 0)
+            for alarm in record.get("gpu_alarms") or []:
+                if int(alarm.get("id", 0)) > seen:
+                    out.append((rank, record, alarm))
+                    self._gpu_seen[rank] = max(self._gpu_seen.get(rank, 0), int(alarm["id"]))
+        return out
+
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
+            if self.on_gpu_alarm is not None:
+                for rank, record, alarm in self.gpu_alarms():
+                    self.on_gpu_alarm(rank, record, alarm)
             problems = self.check()
             if not problems:
                 continue

@@ -15,6 +15,7 @@ from rlinf_hpc.config import Config
 from rlinf_hpc.errors import JobInterrupted, UserError
 from rlinf_hpc.imports import import_subclass
 from rlinf_hpc.log import get_logger, set_role
+from rlinf_hpc.runtime.gpu_health import open_guard
 from rlinf_hpc.runtime.timeline import Timeline
 from rlinf_hpc.scheduler.protocol import Bye, Call, Join, Leave, Reply, Request, SetDirectory, Shutdown
 from rlinf_hpc.workers.base import Worker
@@ -85,7 +86,27 @@ class WorkerService:
         self.workers[command.component] = worker
         self._switch_settings[command.component] = (command.switch, command.offload)
         set_role(self._roles())
+        self._watch_gpu(command.device)
         return None
+
+    def _watch_gpu(self, device: str) -> None:
+        """The first component on a GPU starts this rank's GPU health checks (`runtime.gpu_health`)."""
+        watch = self.config.watchdog if self.config is not None else None
+        if self.heartbeat is None or watch is None or not watch.gpu_health or self.heartbeat.gpu is not None:
+            return
+        guard = open_guard(device, watch.gpu_temp_c, watch.gpu_poll_s)
+        if guard is not None:
+            self.heartbeat.watch_gpu(guard)
+
+    def _pause_while_hot(self) -> None:
+        """With ``gpu_temp_action = "pause"``, start no call while this rank's GPU is too hot."""
+        guard = self.heartbeat.gpu if self.heartbeat is not None else None
+        if guard is None or self.config is None or self.config.watchdog.gpu_temp_action != "pause":
+            return
+        watch = self.config.watchdog
+        if not guard.wait_until_cool(watch.gpu_pause_max_s, self.heartbeat.doing):
+            limit = watch.gpu_pause_max_s
+            guard.note("still_hot", f"GPU {guard.index} still too hot after a {limit:.0f} s pause")
 
     def _leave(self, command: Leave) -> Any:
         self.timeshare.forget(command.component)  # its state comes back before teardown
@@ -137,6 +158,8 @@ class WorkerService:
         ]
         name = command.method if isinstance(command, Call) else type(command).__name__.lower()
         lane = command.component if command.component != "-" else "service"
+        if isinstance(command, Call):
+            self._pause_while_hot()
         if self.heartbeat is not None:
             self.heartbeat.doing(f"{lane}.{name}", self._roles())
         try:
