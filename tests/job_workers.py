@@ -40,6 +40,9 @@ class ProbeWorker(Worker):
         times = os.times()
         return times.user + times.system
 
+    def getenv(self, name: str) -> str | None:
+        return os.environ.get(name)
+
     def pid(self) -> int:
         return os.getpid()
 
@@ -490,6 +493,8 @@ def gpu_flow(coordinator: Coordinator) -> None:
     started = time.monotonic()
     coordinator.group("alpha").call("echo", 1).result()
     first_call_s = time.monotonic() - started
-    (coordinator.run_dir / "gpu_flow.json").write_text(json.dumps({"first_call_s": first_call_s}))
+    nccl_file = coordinator.group("alpha").call("getenv", "NCCL_DEBUG_FILE").result()
+    record = {"first_call_s": first_call_s, "nccl_debug_file": nccl_file}
+    (coordinator.run_dir / "gpu_flow.json").write_text(json.dumps(record))
     for _ in range(60):  # the XID ends the job
         coordinator.group("alpha").call("sleep", 0.5).result()

@@ -223,5 +223,6 @@ def test_a_job_on_a_hot_gpu_pauses_then_ends_named_on_a_hardware_fault(tmp_path:
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["culprit"]["error"] == "GPU xid", summary
     assert "critical XID 79" in text, text
-    first_call = json.loads((run_dir / "gpu_flow.json").read_text())["first_call_s"]
-    assert first_call >= 1.5, first_call  # it waited for the GPU to cool (at 4 s)
+    record = json.loads((run_dir / "gpu_flow.json").read_text())
+    assert record["first_call_s"] >= 1.5, record  # it waited for the GPU to cool (at 4 s)
+    assert record["nccl_debug_file"] == [str(run_dir / "nccl" / "nccl.%h.%p.log")]  # NCCL reports here

@@ -21,6 +21,7 @@ from rlinf_hpc.config.apps import app_of
 from rlinf_hpc.errors import CheckpointStop, CommTimeoutError, JobInterrupted, UserError, WorkerError
 from rlinf_hpc.log import get_logger, setup_logging
 from rlinf_hpc.runners.watching import memory_hook, start_deathwatch, start_watchdog
+from rlinf_hpc.runtime import nccl
 from rlinf_hpc.runtime.checkpoint.manager import CheckpointManager
 from rlinf_hpc.runtime.checkpoint.state import seed_process
 from rlinf_hpc.runtime.console import print_table
@@ -85,6 +86,7 @@ def run_job(request: JobRequest) -> int:
     environment.check_against_mpi(control.rank, control.size)
     setup_logging(control.rank, "coord" if control.rank == 0 else "worker")
     config, run_dir, run_path = _load_on_coordinator(control, request, environment.slurm_job_id)
+    nccl.configure(run_path)  # before any process group: NCCL's failures land in the run dir
     setup_logging(control.rank, "coord" if control.rank == 0 else "worker", config.job.log_level)
     seed_process(config.job.seed, control.rank)
     infos = control.gather_to_coordinator(local_rank_info(control.rank, environment))

@@ -15,9 +15,10 @@ from rlinf_hpc.runtime import deathwatch
 from rlinf_hpc.runtime.events import EventLog
 from rlinf_hpc.runtime.gpu_health import FAULT_KINDS
 from rlinf_hpc.runtime.leaks import LeakMonitor, make_step_hook
+from rlinf_hpc.runtime.nccl import NcclLogWatch
 from rlinf_hpc.runtime.rundir import RunDirectory
 from rlinf_hpc.runtime.signals import request_stop
-from rlinf_hpc.runtime.watchdog import HEARTBEATS, Watchdog, read_heartbeat
+from rlinf_hpc.runtime.watchdog import HEARTBEATS, Watchdog, rank_of_process, read_heartbeat
 from rlinf_hpc.scheduler import Coordinator
 
 log = get_logger("job")
@@ -47,9 +48,19 @@ def start_watchdog(
     def on_gpu_alarm(rank: int, record: dict[str, Any], alarm: dict[str, Any]) -> None:
         act_on_gpu_alarm(watch, rank, record, alarm, events.write, on_fatal)
 
+    nccl_logs = NcclLogWatch(directory.path, lambda host, pid: rank_of_process(directory.path, host, pid))
+
+    def nccl_warnings() -> None:
+        """NCCL's own warnings (NCCL_DEBUG_FILE in the run directory), named by rank."""
+        for found in nccl_logs.scan():
+            rank = found["rank"]
+            who = f"rank {rank}" if rank is not None else f"pid {found['pid']}"
+            log.warning("NCCL on %s (%s): %s", who, found["host"], found["line"])
+            events.write("nccl_warning", **found)
+
     return Watchdog(
         directory.path, world_size, watch.hang_timeout_s, watch.heartbeat_s, watch.action, on_fatal,
-        on_gpu_alarm if watch.gpu_health else None,
+        on_gpu_alarm if watch.gpu_health else None, [nccl_warnings],
     )  # fmt: skip
 
 

@@ -30,7 +30,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -200,6 +200,15 @@ def record_culprit(run_dir: Path, problem: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
+def rank_of_process(run_dir: Path, host: str, pid: int) -> int | None:
+    """The rank whose heartbeat says it is process ``pid`` on ``host``."""
+    for path in (run_dir / HEARTBEATS).glob("rank-*.json"):
+        record = read_heartbeat(path)
+        if record and record.get("pid") == pid and record.get("host") == host:
+            return int(record["rank"])
+    return None
+
+
 def read_heartbeat(path: Path) -> dict[str, Any] | None:
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
@@ -220,8 +229,10 @@ class Watchdog:
         action: str,
         on_fatal: Callable[[str, dict[str, Any]], None],
         on_gpu_alarm: Callable[[int, dict[str, Any], dict[str, Any]], None] | None = None,
+        checks: Sequence[Callable[[], None]] = (),
     ) -> None:
         self.run_dir = run_dir
+        self.checks = list(checks)  # more watches on the same thread (NCCL's warnings)
         self.on_gpu_alarm = on_gpu_alarm
         self._gpu_seen: dict[int, int] = {}
         self.world_size = world_size
@@ -281,6 +292,11 @@ class Watchdog:
             if self.on_gpu_alarm is not None:
                 for rank, record, alarm in self.gpu_alarms():
                     self.on_gpu_alarm(rank, record, alarm)
+            for extra in self.checks:
+                try:
+                    extra()
+                except Exception:  # noqa: BLE001 - a broken extra watch must not stop this one
+                    log.exception("watch %s failed", getattr(extra, "__name__", extra))
             problems = self.check()
             if not problems:
                 continue
