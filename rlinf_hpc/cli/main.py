@@ -1,4 +1,4 @@
-"""The `rlinf-hpc` command: run, info, config show, config schema.
+"""The `rlinf-hpc` command: run, submit, info, trace, diagnose, config show, config schema.
 
 User mistakes end with one paragraph on stderr and exit code 2 (traceback only with --debug).
 """
@@ -118,6 +118,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     trace.add_argument("run_dir", help="the --run-dir of a finished run")
     trace.add_argument("--out", help="where to write (default: RUN_DIR)")
+
+    from rlinf_hpc.cli import diagnose
+
+    diagnose.add_parser(commands, common)
 
     config = commands.add_parser("config", parents=[common], help="inspect configs")
     config_commands = config.add_subparsers(dest="config_command", required=True, metavar="WHAT")
@@ -301,6 +305,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_info(args, argv)
         if args.command == "trace":
             return _cmd_trace(args)
+        if args.command == "diagnose":
+            from rlinf_hpc.cli import diagnose
+
+            return diagnose.run(args, argv)
         if args.config_command == "show":
             return _cmd_config_show(args)
         return _cmd_config_schema(args)
