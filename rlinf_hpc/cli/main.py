@@ -1,4 +1,4 @@
-"""The `rlinf-hpc` command: run, submit, info, trace, diagnose, config show, config schema.
+"""The `rlinf-hpc` command: run, submit, info, trace, diagnose, monitor, profile, config.
 
 User mistakes end with one paragraph on stderr and exit code 2 (traceback only with --debug).
 """
@@ -109,19 +109,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     info.add_argument("--np", type=_positive_int, help="start this many ranks and describe them")
 
-    trace = commands.add_parser(
-        "trace",
-        parents=[common],
-        help="turn a run's timeline into a Chrome trace and a Gantt PNG",
-        description="Reads RUN_DIR/timeline.jsonl (written by `run --run-dir`) and writes "
-        "trace.json (open in Perfetto or chrome://tracing) and timeline.png.",
-    )
-    trace.add_argument("run_dir", help="the --run-dir of a finished run")
-    trace.add_argument("--out", help="where to write (default: RUN_DIR)")
+    from rlinf_hpc.cli import diagnose, monitor, profile, trace
 
-    from rlinf_hpc.cli import diagnose
-
+    trace.add_parser(commands, common)
     diagnose.add_parser(commands, common)
+    monitor.add_parser(commands, common)
+    profile.add_parser(commands, common)
 
     config = commands.add_parser("config", parents=[common], help="inspect configs")
     config_commands = config.add_subparsers(dest="config_command", required=True, metavar="WHAT")
@@ -138,31 +131,6 @@ def _parser() -> argparse.ArgumentParser:
         "(default: the framework's keys, then every registered app's)",
     )
     return parser
-
-
-def _cmd_trace(args: argparse.Namespace) -> int:
-    import json
-    from pathlib import Path
-
-    from rlinf_hpc.runtime.timeline import chrome_trace, gantt_png, read_spans
-
-    source = Path(args.run_dir) / "timeline.jsonl"
-    if not source.is_file():
-        raise UserError(
-            f"'{source}' does not exist: pass the --run-dir of a run that finished (runs write "
-            "timeline.jsonl there when they end), e.g. `rlinf-hpc run CONFIG --run-dir runs/a` "
-            "then `rlinf-hpc trace runs/a`."
-        )
-    try:
-        spans = read_spans(source)
-    except (json.JSONDecodeError, KeyError) as exc:
-        raise UserError(f"'{source}' is not a timeline written by rlinf-hpc ({exc}).") from None
-    out = Path(args.out or args.run_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "trace.json").write_text(json.dumps(chrome_trace(spans)), encoding="utf-8")
-    gantt_png(spans, out / "timeline.png")
-    sys.stdout.write(f"{len(spans)} spans -> {out / 'trace.json'} (Perfetto) and {out / 'timeline.png'}\n")
-    return 0
 
 
 def _cmd_config_show(args: argparse.Namespace) -> int:
@@ -303,12 +271,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_submit(args)
         if args.command == "info":
             return _cmd_info(args, argv)
-        if args.command == "trace":
-            return _cmd_trace(args)
-        if args.command == "diagnose":
-            from rlinf_hpc.cli import diagnose
+        if args.command in ("trace", "diagnose", "monitor", "profile"):
+            from rlinf_hpc.cli import diagnose, monitor, profile, trace
 
-            return diagnose.run(args, argv)
+            if args.command == "diagnose":
+                return diagnose.run(args, argv)
+            return {"trace": trace, "monitor": monitor, "profile": profile}[args.command].run(args)
         if args.config_command == "show":
             return _cmd_config_show(args)
         return _cmd_config_schema(args)
