@@ -40,6 +40,17 @@ class ProbeWorker(Worker):
         times = os.times()
         return times.user + times.system
 
+    def group_broadcast(self, value: Any) -> Any:
+        """A broadcast from group rank 0 over this component (every member must call it)."""
+        return self.comm.broadcast(value, (self.component, 0), self.component)
+
+    def sleep_then_send(self, seconds: float, value: Any) -> None:
+        time.sleep(seconds)
+        self.comm.send(value, (self.component, 1), tag="late")
+
+    def receive_late(self) -> Any:
+        return self.comm.recv((self.component, 0), tag="late")
+
     def getenv(self, name: str) -> str | None:
         return os.environ.get(name)
 
@@ -498,3 +509,16 @@ def gpu_flow(coordinator: Coordinator) -> None:
     (coordinator.run_dir / "gpu_flow.json").write_text(json.dumps(record))
     for _ in range(60):  # the XID ends the job
         coordinator.group("alpha").call("sleep", 0.5).result()
+
+
+def stuck_flow(coordinator: Coordinator) -> None:
+    """alpha's group rank 1 enters a broadcast that group rank 0 never calls (it stays idle)."""
+    coordinator.group("alpha").subset([1]).call("group_broadcast", None).result()
+
+
+def late_send_flow(coordinator: Coordinator) -> Any:
+    """alpha's group rank 1 waits 4 s for a message while group rank 0 works (sleeps), then sends."""
+    alpha = coordinator.group("alpha")
+    receive = alpha.subset([1]).call("receive_late")
+    alpha.subset([0]).call("sleep_then_send", 4.0, "late").result()
+    return receive.result()

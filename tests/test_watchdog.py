@@ -68,6 +68,33 @@ def test_a_long_call_is_not_a_hang(tmp_path: Path) -> None:
     assert "no heartbeat" not in result.output
 
 
+def test_a_rank_stuck_in_a_collective_is_named_with_the_rank_missing_from_it(tmp_path: Path) -> None:
+    """alpha's rank 2 waits in a broadcast whose root (rank 1) never enters it: within
+    hang_timeout_s + a few seconds the job ends, naming the operation and the missing rank."""
+    extra = "[watchdog]\nheartbeat_s = 0.5\nhang_timeout_s = 4.0\n"
+    run_dir = tmp_path / "r"
+    started = time.monotonic()
+    config = probe_toml(tmp_path, "stuck_flow", alpha=2, extra=extra)
+    result = rlinf("run", str(config), "--run-dir", str(run_dir), timeout=60)
+    took = time.monotonic() - started
+    assert result.returncode != 0, result.output
+    assert "rank 2 (alpha)" in result.output and "waits in broadcast #1 over ranks [1, 2]" in result.output
+    assert "missing from it: rank 1 (alpha): idle for" in result.output, result.output
+    assert took < 40, took  # start-up, 4 s, the stack collection, the end
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["culprit"]["rank"] == 2 and summary["culprit"]["error"] == "stuck"
+    assert (run_dir / "stacks" / "rank-2.txt").read_text().count("broadcast") >= 1
+
+
+def test_a_long_wait_on_a_working_peer_is_not_a_hang(tmp_path: Path) -> None:
+    """Rank 2 waits 4 s for rank 1, which works (sleeps) meanwhile: no alarm at hang_timeout_s 2."""
+    extra = "[watchdog]\nheartbeat_s = 0.5\nhang_timeout_s = 2.0\n"
+    result = rlinf("run", str(probe_toml(tmp_path, "late_send_flow", alpha=2, extra=extra)), "--run-dir",
+                   str(tmp_path / "r"))  # fmt: skip
+    assert result.returncode == 0, result.output
+    assert "waits in" not in result.output
+
+
 def test_watchdog_finds_dead_and_silent_ranks_from_heartbeat_files(tmp_path: Path) -> None:
     """The watch's decisions on their own, with heartbeat files written here."""
     beat = Heartbeat(tmp_path, 1, interval=0.2)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from rlinf_hpc.comm.waiting import waiting_on
 from rlinf_hpc.errors import CommTimeoutError
 
 if TYPE_CHECKING:
@@ -70,6 +71,10 @@ class Collectives:
             )
         return value
 
+    def _op(self, op: str, key: tuple[int, ...], number: int) -> Any:
+        """The wait record of one collective (the same text on every member: `waiting_on`)."""
+        return waiting_on(f"{op} #{number} over ranks {list(key)}", key)
+
     def broadcast(self, obj: Any, root: Any, members: Members, timeout: float | None = None) -> Any:
         """``root``'s ``obj`` on every member (root passes the object; others pass None).
 
@@ -87,19 +92,20 @@ class Collectives:
         tag = ("coll", key, number)
         size, start = len(key), key.index(root_rank)
         relative = (key.index(self.plane.rank) - start) % size
-        if relative == 0:
-            value = obj
-        else:
-            parent = key[(tree_parent(relative) + start) % size]
-            value = self._recv("broadcast", root_rank, key, number, parent, timeout)
-        handles = [
-            self.plane.isend(
-                ("broadcast", root_rank, value), key[(child + start) % size], tag, coalesce=False
-            )
-            for child in tree_children(relative, size)
-        ]
-        for handle in handles:
-            handle.wait(timeout)
+        with self._op("broadcast", key, number):
+            if relative == 0:
+                value = obj
+            else:
+                parent = key[(tree_parent(relative) + start) % size]
+                value = self._recv("broadcast", root_rank, key, number, parent, timeout)
+            handles = [
+                self.plane.isend(
+                    ("broadcast", root_rank, value), key[(child + start) % size], tag, coalesce=False
+                )
+                for child in tree_children(relative, size)
+            ]
+            for handle in handles:
+                handle.wait(timeout)
         return value
 
     def gather(self, obj: Any, root: Any, members: Members, timeout: float | None = None) -> list[Any] | None:
@@ -108,12 +114,14 @@ class Collectives:
         root_rank = self.plane.resolve(root)
         if root_rank not in key:
             raise ValueError(f"gather root {root_rank} is not among members {list(key)}")
-        if self.plane.rank != root_rank:
-            self.plane.send(("gather", root_rank, obj), root_rank, ("coll", key, number), timeout=timeout)
-            return None
-        return [
-            obj if r == root_rank else self._recv("gather", root_rank, key, number, r, timeout) for r in key
-        ]
+        with self._op("gather", key, number):
+            if self.plane.rank != root_rank:
+                self.plane.send(("gather", root_rank, obj), root_rank, ("coll", key, number), timeout=timeout)
+                return None
+            return [
+                obj if r == root_rank else self._recv("gather", root_rank, key, number, r, timeout)
+                for r in key
+            ]
 
     def all_to_all(self, objs: Sequence[Any], members: Members, timeout: float | None = None) -> list[Any]:
         """Member i sends ``objs[j]`` to member j; returns what each member sent to this one."""
@@ -122,17 +130,18 @@ class Collectives:
             raise ValueError(f"all_to_all needs one object per member ({len(key)}), got {len(objs)}")
         tag = ("coll", key, number)
         me = key.index(self.plane.rank)
-        handles = [
-            self.plane.isend(("all_to_all", -1, objs[j]), r, tag, coalesce=False)
-            for j, r in enumerate(key)
-            if r != self.plane.rank
-        ]
-        received = [
-            objs[me] if r == self.plane.rank else self._recv("all_to_all", -1, key, number, r, timeout)
-            for r in key
-        ]
-        for handle in handles:
-            handle.wait(timeout)
+        with self._op("all_to_all", key, number):
+            handles = [
+                self.plane.isend(("all_to_all", -1, objs[j]), r, tag, coalesce=False)
+                for j, r in enumerate(key)
+                if r != self.plane.rank
+            ]
+            received = [
+                objs[me] if r == self.plane.rank else self._recv("all_to_all", -1, key, number, r, timeout)
+                for r in key
+            ]
+            for handle in handles:
+                handle.wait(timeout)
         return received
 
 

@@ -437,6 +437,7 @@ class DataPlane:
             finish=finish,
             abandon=abandon,
         )
+        handle.peer = rank
         return handle
 
     def _record(self, name: str, started: float, nbytes: int, tag: Any) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlinf_hpc.comm.mpi import mpi, world
-from rlinf_hpc.comm.waiting import poll_until
+from rlinf_hpc.comm.waiting import poll_until, waiting_on
 
 _live: dict[int, GroupComm] = {}
 
@@ -39,11 +39,15 @@ class GroupComm:
     def barrier(self, timeout: float | None = None) -> None:
         """All group members reach this point; waits by polling, not spinning."""
         request = self._comm.Ibarrier()
-        poll_until(
-            lambda: True if request.Test() else None,
-            timeout,
-            lambda: f"group '{self.name}' rank {self.rank} waited in barrier for ranks {self.world_ranks}",
-        )
+        with waiting_on(f"barrier of group '{self.name}' (ranks {list(self.world_ranks)})", self.world_ranks):
+            poll_until(
+                lambda: True if request.Test() else None,
+                timeout,
+                lambda: (
+                    f"group '{self.name}' rank {self.rank} waited in barrier for ranks "
+                    f"{self.world_ranks}"
+                ),
+            )
 
     def allgather(self, obj: Any) -> list[Any]:
         """Every member's ``obj`` in group-rank order (small control values)."""

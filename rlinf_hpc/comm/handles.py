@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from rlinf_hpc.comm.waiting import Backoff
+from rlinf_hpc.comm.waiting import Backoff, waiting_on
 from rlinf_hpc.errors import CommTimeoutError
 
 #: How long any wait yields instead of sleeping (see `Backoff`).
@@ -61,6 +61,8 @@ class WorkHandle:
         self._abandon = abandon
         self._spin = TRANSFER_SPIN_S
         self._activated = False
+        #: The world rank this handle waits for (receives), recorded while it waits (`waiting_on`).
+        self.peer: int | None = None
         if active_bytes:
             self.mark_active(active_bytes)
 
@@ -92,6 +94,13 @@ class WorkHandle:
         """Block until complete; `CommTimeoutError` names who waited for whom on what."""
         if self.done():
             return self._value
+        if self.peer is None:
+            return self._wait(timeout)
+        assert self._describe is not None
+        with waiting_on(self._describe(), [self.peer]):
+            return self._wait(timeout)
+
+    def _wait(self, timeout: float | None) -> Any:
         start = time.monotonic()
         backoff = Backoff(spin=self._spin)
         while not self.done():

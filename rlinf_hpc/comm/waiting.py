@@ -8,9 +8,11 @@ latency when the answer is near) and growing to a cap (near-zero CPU when idle).
 from __future__ import annotations
 
 import os
+import threading
 import time
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, TypeVar
 
 from rlinf_hpc.errors import CommTimeoutError
 
@@ -97,3 +99,41 @@ def poll_until(
             waited = time.monotonic() - start
             raise CommTimeoutError(f"{describe()}: no answer after {waited:.1f} s")
         backoff.sleep()
+
+
+#: What this process's main thread waits on, outermost first (a collective, then the receive
+#: inside it); the heartbeat thread reads it, so that the watchdog can tell a stuck wait from a
+#: long one and name the ranks missing from the operation.
+_WAITS: list[dict[str, Any]] = []
+
+
+@contextmanager
+def waiting_on(op: str, peers: Sequence[int]) -> Iterator[None]:
+    """Record that the main thread waits in ``op`` for world ranks ``peers`` (other threads'
+    waits are not recorded: the heartbeat reports the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    entry = {"op": op, "peers": [int(p) for p in peers], "since": time.time()}
+    _WAITS.append(entry)
+    try:
+        yield
+    finally:
+        _WAITS.remove(entry)
+
+
+def current_wait() -> dict[str, Any] | None:
+    """The outermost wait of the main thread (op, its peers, since) and the innermost one's
+    peers (``waiting_for``), or None.
+
+    >>> with waiting_on("broadcast #1 over ranks [1, 2, 3]", [1, 2, 3]):
+    ...     with waiting_on("receive from rank 1", [1]):
+    ...         wait = current_wait()
+    >>> wait["op"], wait["peers"], wait["waiting_for"], current_wait()
+    ('broadcast #1 over ranks [1, 2, 3]', [1, 2, 3], [1], None)
+    """
+    waits = list(_WAITS)
+    if not waits:
+        return None
+    outer, inner = waits[0], waits[-1]
+    return {**outer, "waiting_for": inner["peers"], "inner_op": inner["op"]}

@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from rlinf_hpc.comm.waiting import current_wait
 from rlinf_hpc.log import get_logger
 from rlinf_hpc.runtime.ownership import pid_alive
 
@@ -101,6 +102,7 @@ class Heartbeat:
         record = {
             "rank": self.rank, "pid": os.getpid(), "host": socket.gethostname(), "time": time.time(),
             "roles": self.roles, "activity": self.activity, "since": self.since, "left": left,
+            "wait": current_wait(),
             **memory_in_use(), **(self.gpu.record() if self.gpu is not None else {}),
         }  # fmt: skip
         path = self.dir / f"rank-{self.rank}.json"
@@ -263,6 +265,8 @@ class Watchdog:
                 problems.append({"rank": rank, "kind": "died", "age_s": age, "record": record})
             elif age > self.hang_timeout_s:
                 problems.append({"rank": rank, "kind": "stopped", "age_s": age, "record": record})
+        if not problems:
+            problems = stuck_waits(self._records(), now, self.hang_timeout_s)
         if not self._unseen_reported and now - self.started > self.hang_timeout_s:
             self._unseen_reported = True
             unseen = sorted(set(range(1, self.world_size)) - self._seen)
@@ -272,6 +276,14 @@ class Watchdog:
                     "filesystem?): the watchdog cannot watch them", unseen, self.run_dir / HEARTBEATS,
                 )  # fmt: skip
         return problems
+
+    def _records(self) -> dict[int, dict[str, Any]]:
+        records = {}
+        for rank in range(self.world_size):
+            record = read_heartbeat(self.run_dir / HEARTBEATS / f"rank-{rank}.json")
+            if record is not None and not record.get("left"):
+                records[rank] = record
+        return records
 
     def gpu_alarms(self) -> list[tuple[int, dict[str, Any], dict[str, Any]]]:
         """GPU alarms raised since the last call: ``(rank, heartbeat record, alarm)``, every rank."""
@@ -329,10 +341,71 @@ def describe_problem(problem: dict[str, Any]) -> str:
     who = f"rank {problem['rank']} ({record.get('roles') or 'no component'}) on {record.get('host')}"
     if problem["kind"] == "died":
         return f"{who}, pid {record.get('pid')}, died while in {doing} ({busy_for:.0f} s)"
+    if problem["kind"] == "stuck":
+        return f"{who}, pid {record.get('pid')}: {problem['detail']}"
     return (
         f"{who}, pid {record.get('pid')}: no heartbeat for {problem['age_s']:.0f} s while in {doing} "
         "(the process is stopped or frozen: SIGSTOP, a debugger, swapping, a lost node)"
     )
+
+
+def _state_of(record: dict[str, Any] | None, now: float) -> tuple[str, str, float]:
+    """(``state``, what it does, for how long): ``state`` is waiting, computing or idle."""
+    if record is None:
+        return "unknown", "no heartbeat", 0.0
+    wait = record.get("wait")
+    if wait:
+        return "waiting", f"waiting in {wait['op']}", now - float(wait["since"])
+    activity = record.get("activity") or "idle"
+    state = "idle" if activity in ("idle", "coordinating", "starting") else "computing"
+    return state, activity, now - float(record.get("since", now))
+
+
+def stuck_waits(
+    records: dict[int, dict[str, Any]], now: float, hang_timeout_s: float
+) -> list[dict[str, Any]]:
+    """Ranks stuck in a collective or receive: waiting longer than ``hang_timeout_s`` while none
+    of the ranks the operation needs is working. Each is named with the members missing from the
+    operation (idle, or waiting in another one) — a deadlock or a rank that never arrived; a
+    long wait on a peer that computes is no problem.
+
+    >>> records = {1: {"wait": {"op": "broadcast #1 over ranks [1, 2]", "peers": [1, 2], "since": 0.0},
+    ...                "roles": "alpha"},
+    ...            2: {"activity": "idle", "since": 0.0, "roles": "alpha"}}
+    >>> [p["detail"] for p in stuck_waits(records, 200.0, 120.0)]
+    ['waits in broadcast #1 over ranks [1, 2] for 200 s; missing from it: rank 2 (alpha): idle for 200 s']
+    >>> records[2] = {"activity": "alpha.train", "since": 0.0}  # the peer works: a long wait, fine
+    >>> stuck_waits(records, 200.0, 120.0)
+    []
+    """
+    problems, reported_ops = [], set()
+    for rank, record in sorted(records.items()):
+        wait = record.get("wait")
+        if not wait or now - float(wait["since"]) <= hang_timeout_s or wait["op"] in reported_ops:
+            continue
+        missing, working = [], False
+        for peer in wait["peers"]:
+            if peer == rank:
+                continue
+            state, doing, age = _state_of(records.get(peer), now)
+            peer_wait = (records.get(peer) or {}).get("wait") or {}
+            if state == "computing":
+                working = True
+            elif state == "waiting" and peer_wait.get("op") == wait["op"]:
+                continue  # it is in the operation too
+            else:
+                roles = (records.get(peer) or {}).get("roles") or "-"
+                missing.append(f"rank {peer} ({roles}): {doing} for {age:.0f} s")
+        if working:
+            continue
+        age = now - float(wait["since"])
+        detail = f"waits in {wait['op']} for {age:.0f} s; " + (
+            f"missing from it: {'; '.join(missing)}" if missing
+            else "every member is in it, yet nothing moved (mismatched tags or sizes?)"
+        )  # fmt: skip
+        reported_ops.add(wait["op"])
+        problems.append({"rank": rank, "kind": "stuck", "age_s": age, "record": record, "detail": detail})
+    return problems
 
 
 def collect_stacks(run_dir: Path, problems: list[dict[str, Any]], wait_s: float = 4.0) -> Path:
