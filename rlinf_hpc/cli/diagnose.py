@@ -211,37 +211,15 @@ def _comm(args: argparse.Namespace, argv: list[str]) -> int:
         from rlinf_hpc.cli.launch import launch_ranks
 
         launch_ranks(num, environment, argv)
-    from rlinf_hpc.comm.linkcheck import MpiTransport, TorchTransport, check_links
-    from rlinf_hpc.comm.mpi import world
+    from rlinf_hpc.comm.linkcheck import check_links, open_transport
     from rlinf_hpc.log import setup_logging
 
-    comm = world()
-    rank, size = comm.Get_rank(), comm.Get_size()
+    try:
+        comm, transport = open_transport(args.backend, args.timeout_s)
+    except ValueError as exc:
+        raise UserError(f"diagnose comm: {exc}") from None
+    rank, size, backend = comm.Get_rank(), comm.Get_size(), transport.name
     setup_logging(rank, "diagnose")
-    if size < 2:
-        raise UserError("diagnose comm runs inside a job of at least 2 ranks (srun -n N / --np N).")
-    backend = args.backend
-    device = "cpu"
-    if backend in ("auto", "nccl"):
-        import torch
-
-        has_gpu = torch.cuda.is_available()
-        if backend == "nccl" and not has_gpu:
-            raise UserError(
-                "diagnose comm --backend nccl needs a GPU on every rank; use --backend mpi or gloo."
-            )
-        if has_gpu:
-            backend, device = (
-                "nccl",
-                f"cuda:{_local_rank(rank) % torch.cuda.device_count()}",
-            )
-            torch.cuda.set_device(device)
-        else:
-            backend = "mpi"
-    timeout = args.timeout_s
-    transport = (
-        MpiTransport(comm, timeout) if backend == "mpi" else TorchTransport(comm, backend, device, timeout)
-    )
 
     def progress(line: str) -> None:
         sys.stdout.write(f"[diagnose] {line}\n")
@@ -255,14 +233,6 @@ def _comm(args: argparse.Namespace, argv: list[str]) -> int:
     if report is None:
         return 0
     return _print_link_report(report.as_dict(), Path(args.out))
-
-
-def _local_rank(rank: int) -> int:
-    """This rank's index on its node, from the launcher (SLURM, Hydra, Open MPI)."""
-    for name in ("SLURM_LOCALID", "MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "LOCAL_RANK"):
-        if os.environ.get(name, "").isdigit():
-            return int(os.environ[name])
-    return rank
 
 
 def _print_link_report(report: dict[str, Any], out: Path) -> int:

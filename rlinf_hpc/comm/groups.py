@@ -44,8 +44,7 @@ class GroupComm:
                 lambda: True if request.Test() else None,
                 timeout,
                 lambda: (
-                    f"group '{self.name}' rank {self.rank} waited in barrier for ranks "
-                    f"{self.world_ranks}"
+                    f"group '{self.name}' rank {self.rank} waited in barrier for ranks {self.world_ranks}"
                 ),
             )
 

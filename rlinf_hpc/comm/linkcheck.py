@@ -159,6 +159,38 @@ class TorchTransport:
         self.dist.destroy_process_group()
 
 
+def open_transport(backend: str, timeout_s: float) -> tuple[Any, Any]:
+    """The world communicator and the transport to check (``auto``: NCCL when this rank has a
+    GPU, else MPI). `ValueError` when the world is one rank or NCCL has no GPU."""
+    from rlinf_hpc.comm.mpi import world
+
+    comm = world()
+    if comm.Get_size() < 2:
+        raise ValueError("it runs inside a job of at least 2 ranks (--np N, srun -n N, mpiexec -n N)")
+    if backend in ("auto", "nccl"):
+        import torch
+
+        if torch.cuda.is_available():
+            device = f"cuda:{_local_rank(comm.Get_rank()) % torch.cuda.device_count()}"
+            torch.cuda.set_device(device)
+            return comm, TorchTransport(comm, "nccl", device, timeout_s)
+        if backend == "nccl":
+            raise ValueError("--backend nccl needs a GPU on every rank; use --backend mpi or gloo")
+    if backend == "gloo":
+        return comm, TorchTransport(comm, "gloo", "cpu", timeout_s)
+    return comm, MpiTransport(comm, timeout_s)
+
+
+def _local_rank(rank: int) -> int:
+    """This rank's index on its node, from the launcher (SLURM, Hydra, Open MPI)."""
+    import os
+
+    for name in ("SLURM_LOCALID", "MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "LOCAL_RANK"):
+        if os.environ.get(name, "").isdigit():
+            return int(os.environ[name])
+    return rank
+
+
 @dataclass
 class LinkReport:
     """What `check_links` found (rank 0's copy is complete; ``None`` where not measured)."""
