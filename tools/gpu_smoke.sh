@@ -11,7 +11,11 @@
 #      tensors saved through host copies, NCCL DDP after a resume);
 #   2c. when vLLM is installed: the tiny job disaggregated with the rollout on a vLLM engine on
 #      the GPU (rollout_backend = vllm), 10 steps;
-#   3. the communication benchmark (NCCL vs host paths) with one repetition.
+#   3. the communication benchmark (NCCL vs host paths) with one repetition;
+#   4. the operator's tools on the real GPU: `diagnose env` (NVML health, nvidia-smi topology),
+#      `diagnose comm --np 2` (NCCL pairwise matrix and all-reduce; one GPU shared by both ranks),
+#      and the GPU health tests against the real NVML (tests/test_gpu_health.py uses a fake one;
+#      here a job's heartbeats must carry the real temperature).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-gpu-smoke}
@@ -52,4 +56,14 @@ fi
 echo "== 3. communication benchmark"
 timeout 300 .venv/bin/python tools/bench_comm.py --repeats 1 --json "$OUT/bench_comm.json" 2>&1 | tail -n 30 \
     | tee "$OUT/bench_comm.txt"
+echo "== 4. diagnose env / comm (NCCL) and GPU health from the real NVML"
+timeout 120 .venv/bin/rlinf-hpc diagnose env --json "$OUT/diagnose_env.json" 2>&1 | tail -n 40 | tee "$OUT/diagnose_env.txt"
+timeout 180 .venv/bin/rlinf-hpc diagnose comm --np 2 --size-mb 64 --out "$OUT/diagnose-comm" 2>&1 | tail -n 25 \
+    | tee "$OUT/diagnose_comm.txt"
+python3 - "$OUT/grpo/heartbeats" <<'PY' | tee "$OUT/gpu_health.txt"
+import json, pathlib, sys
+for path in sorted(pathlib.Path(sys.argv[1]).glob("rank-*.json")):
+    record = json.loads(path.read_text())
+    print(path.name, record.get("roles"), "gpu:", record.get("gpu"), "alarms:", len(record.get("gpu_alarms") or []))
+PY
 echo "results in $OUT/"
