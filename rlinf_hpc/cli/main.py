@@ -173,6 +173,7 @@ def _cmd_config_schema(args: argparse.Namespace) -> int:
 def _precheck_placement(config_path: str, overrides: list[str], num_ranks: int) -> None:
     """Before starting ranks locally, make sure the config and the rank count can work."""
     from rlinf_hpc.cluster import RankInfo, build_topology, probe_gpus
+    from rlinf_hpc.cluster.hetjob import read_het_layout
     from rlinf_hpc.config import load_config
     from rlinf_hpc.scheduler.placement import plan_placement
 
@@ -180,7 +181,17 @@ def _precheck_placement(config_path: str, overrides: list[str], num_ranks: int) 
     gpus = probe_gpus()
     cpus = tuple(sorted(os.sched_getaffinity(0)))
     host = socket.gethostname()
-    infos = [RankInfo(r, host, 0, r, cpus, gpus) for r in range(num_ranks)]
+    layout = read_het_layout()  # a heterogeneous job's parts (RLINF_HPC_HET_TASKS under mpiexec)
+    if layout is not None and layout.total != num_ranks:
+        raise UserError(
+            f"the heterogeneous layout has {layout.total} tasks ({layout.describe()}) but the job "
+            f"starts {num_ranks} ranks: make RLINF_HPC_HET_TASKS (or the #SBATCH hetjob parts) add up "
+            "to job.num_ranks / --np."
+        )
+    infos = [
+        RankInfo(r, host, 0, r, cpus, gpus, het_group=layout.group_of(r) if layout else None)
+        for r in range(num_ranks)
+    ]
     plan_placement(config, build_topology(infos))
     _precheck_app(config)
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from rlinf_hpc.cluster.devices import GpuProbe, probe_gpus
 from rlinf_hpc.cluster.environment import JobEnvironment
+from rlinf_hpc.cluster.hetjob import read_het_layout
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,8 @@ class RankInfo:
     env_local_rank: int | None
     cpus: tuple[int, ...]
     gpus: GpuProbe = field(default_factory=lambda: GpuProbe(0))
+    #: The heterogeneous SLURM job component of this rank (`cluster.hetjob`); None otherwise.
+    het_group: int | None = None
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,7 @@ class RankSlot:
     device: str
     cpus: tuple[int, ...]
     num_visible_gpus: int
+    het_group: int | None = None
 
     @property
     def has_gpu(self) -> bool:
@@ -56,7 +60,15 @@ def local_rank_info(rank: int, environment: JobEnvironment) -> RankInfo:
         env_local_rank=environment.local_rank,
         cpus=cpus,
         gpus=probe_gpus(),
+        het_group=_het_group(rank),
     )
+
+
+def _het_group(rank: int) -> int | None:
+    layout = read_het_layout()
+    if layout is None or rank >= layout.total:
+        return None
+    return layout.group_of(rank)
 
 
 def compress_cpus(cpus: tuple[int, ...]) -> str:
@@ -99,5 +111,9 @@ def build_topology(infos: list[RankInfo]) -> list[RankSlot]:
         local_rank = info.env_local_rank if info.env_local_rank is not None else order
         num_gpus = info.gpus.num_visible
         device = f"cuda:{local_rank % num_gpus}" if num_gpus else "cpu"
-        slots.append(RankSlot(info.rank, info.hostname, node_index, local_rank, device, info.cpus, num_gpus))
+        slots.append(
+            RankSlot(
+                info.rank, info.hostname, node_index, local_rank, device, info.cpus, num_gpus, info.het_group
+            )
+        )
     return slots

@@ -64,6 +64,13 @@ class ComponentConfig(_Section):
         description="`gpu`: every rank of the group needs a visible GPU; `cpu`: run on CPU even "
         "where a GPU is visible; `any`: the rank's own device.",
     )
+    het_group: int | None = Field(
+        None,
+        ge=0,
+        description="In a heterogeneous SLURM job (`#SBATCH hetjob`, slurm/hetjob_embodied.sbatch): "
+        "run on the ranks of this component of the allocation (0: the first, which holds rank 0; "
+        "e.g. CPU-only simulator nodes in 0, GPU nodes in 1). Default: any rank.",
+    )
     options: dict[str, Any] = Field(
         default_factory=dict,
         description="Free-form keyword arguments passed to the worker's `setup(**options)`.",

@@ -79,7 +79,22 @@ def plan_placement(config: Config, slots: list[RankSlot]) -> Placement:
             f"({', '.join(config.components)}) need {needed - 1} worker rank(s). "
             f"{_how_to_get_ranks(needed)}"
         )
+    parts = [s.het_group for s in slots]
+    if any(p is not None for p in parts) and None in parts:
+        outside = [s.rank for s in slots if s.het_group is None]
+        raise UserError(
+            f"the heterogeneous job's layout (RLINF_HPC_HET_TASKS / SLURM_NTASKS_HET_GROUP_<i>) covers "
+            f"{len(slots) - len(outside)} ranks but the job has {len(slots)} (ranks {outside} are in no "
+            "part): make the parts' task counts add up to the ranks started."
+        )
     if config.placement.mode == "auto":  # warm-up: everyone everywhere; Pipeline decides later
+        pinned = [n for n, c in config.components.items() if c.het_group is not None]
+        if pinned:
+            raise UserError(
+                f'placement.mode = "auto" moves components across every worker rank, but '
+                f"{', '.join(pinned)} must stay in their heterogeneous job component (het_group): "
+                "choose disaggregated, collocated or hybrid for a heterogeneous job."
+            )
         return _plan_auto(config, worker_slots)
     groups: dict[str, list[int]] = {}
     taken: set[int] = set()
@@ -94,7 +109,10 @@ def plan_placement(config: Config, slots: list[RankSlot]) -> Placement:
             continue
         size = max(config.components[n].num_ranks for n in members)
         needs_gpu = any(config.components[n].device == "gpu" for n in members)
-        free = [r for r in sorted(worker_slots) if r not in taken]
+        het_group = _unit_het_group(config, members, worker_slots)
+        free = [
+            r for r in sorted(worker_slots) if r not in taken and _in_het_group(worker_slots[r], het_group)
+        ]
         usable = [r for r in free if not needs_gpu or worker_slots[r].has_gpu]
         if len(usable) < size:
             label = members[0] if len(members) == 1 else f"{'+'.join(members)} (sharing ranks)"
@@ -106,6 +124,13 @@ def plan_placement(config: Config, slots: list[RankSlot]) -> Placement:
                     f'(device = "gpu"), but only {len(usable)} free worker rank(s) see one. Ask '
                     "SLURM for GPUs (e.g. `sbatch --gpus-per-task=1`) or set "
                     f'components.{gpu_names[0]}.device = "cpu".'
+                )
+            if het_group is not None:
+                raise UserError(
+                    f"component '{label}' needs {size} rank(s) in component {het_group} of the "
+                    f"heterogeneous job, but only {len(usable)} of its ranks are free (taken so far: "
+                    f"{groups_text}). Give that `#SBATCH hetjob` component more tasks (--ntasks) or "
+                    "the component fewer ranks."
                 )
             total = config.num_worker_ranks_needed + 1
             raise UserError(
@@ -120,6 +145,38 @@ def plan_placement(config: Config, slots: list[RankSlot]) -> Placement:
         taken.update(unit_ranks)
     ordered = {name: groups[name] for name in config.components}
     return Placement(ordered)
+
+
+def _in_het_group(slot: RankSlot, het_group: int | None) -> bool:
+    return het_group is None or slot.het_group == het_group
+
+
+def _unit_het_group(config: Config, members: list[str], worker_slots: dict[int, RankSlot]) -> int | None:
+    """The heterogeneous job component the unit's members ask for (the same one, or none);
+    `UserError` when they disagree or the job is not heterogeneous."""
+    wanted = {config.components[n].het_group for n in members} - {None}
+    if not wanted:
+        return None
+    if len(wanted) > 1:
+        raise UserError(
+            f"components {', '.join(members)} share ranks but ask for different components of the "
+            f"heterogeneous job ({sorted(wanted)}): give them the same het_group, or place them apart."
+        )
+    (group,) = wanted
+    present = {s.het_group for s in worker_slots.values()} - {None}
+    if not present:
+        name = next(n for n in members if config.components[n].het_group is not None)
+        raise UserError(
+            f"components.{name}.het_group = {group}, but this job is not a heterogeneous SLURM job "
+            "(no SLURM_HET_SIZE / RLINF_HPC_HET_TASKS): submit it with slurm/hetjob_embodied.sbatch "
+            f"(`#SBATCH hetjob` components), or remove het_group."
+        )
+    if group not in present:
+        raise UserError(
+            f"het_group = {group} asks for component {group} of the heterogeneous job, which has "
+            f"worker ranks only in component(s) {sorted(present)}."
+        )
+    return group
 
 
 def _plan_auto(config: Config, worker_slots: dict[int, RankSlot]) -> Placement:
