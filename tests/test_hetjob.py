@@ -2,9 +2,9 @@
 part (simulators on the CPU part with rank 0, policy and actor on the GPU part), the embodied
 job with that placement on CPU ranks, and the sbatch template.
 
-The local SLURM cluster (one node) cannot run a heterogeneous job: SLURM 22.05's backfill
-scheduler never co-schedules two components of one hetjob on the same node (the second is
-planned after the first ends), so a submitted one stays pending. The template is checked there
+The local SLURM cluster (one node) cannot run a heterogeneous job: its SLURM 22.05 backfill
+scheduler plans the second part only after the first ends (measured: with bf_hetjob_immediate,
+time limits and small memory requests too), so a submitted one stays pending. The template is checked there
 with `sbatch --test-only` instead; the placement it asks for runs below under mpiexec."""
 
 from __future__ import annotations
