@@ -13,6 +13,9 @@ and a leaking rank.
 * ``kill_report_s``: one rank is ``kill -9``ed; the time until its rank and component are
   named (required ≤ 5 s).
 * ``leak_rate_error``: a stage that keeps 8 MB per step; |reported rate − 8| ÷ 8 (≤ 0.2).
+* ``stuck_report_s``: a rank waits in a broadcast whose root never enters it (its heartbeat
+  goes on); the time from entering the wait until the job names the operation and the missing
+  rank (required ≤ 6 + 5 s).
 
 Rank pids come from the run's heartbeat files, as an operator would find them.
 """
@@ -40,6 +43,7 @@ REQUIRED = {
     "hang_report_s": ("<=", 11.0),
     "kill_report_s": ("<=", 5.0),
     "leak_rate_error": ("<=", 0.2),
+    "stuck_report_s": ("<=", 11.0),
 }
 
 
@@ -101,6 +105,30 @@ def time_to_name(out: Path, how: str) -> float:
         proc.wait(timeout=60)
 
 
+def stuck_report_s(out: Path) -> float:
+    """Rank 2 waits in a broadcast rank 1 never calls: from the wait's start (its heartbeat
+    says since when) to the report naming the missing rank."""
+    path = out / "stuck.toml"
+    path.write_text(probe_config(out, "stuck_flow", "").read_text().replace(
+        '[components.alpha]\nworker = "job_workers:ProbeWorker"\n',
+        '[components.alpha]\nworker = "job_workers:ProbeWorker"\nnum_ranks = 2\n',
+    ).replace("num_ranks = 3", "num_ranks = 4"))  # fmt: skip
+    run_dir = out / "stuck"
+    command = [RLINF, "run", str(path), "--run-dir", str(run_dir)]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env(),
+                            start_new_session=True)  # fmt: skip
+    assert proc.stdout is not None
+    try:
+        for line in proc.stdout:
+            if "missing from it: rank 1" in line:
+                reported = time.time()
+                record = json.loads((run_dir / "heartbeats" / "rank-2.json").read_text())
+                return reported - float(record["wait"]["since"])
+        raise SystemExit("the stuck broadcast was never reported")
+    finally:
+        proc.wait(timeout=60)
+
+
 def leak_rate(out: Path, mb: float) -> float:
     path = out / "leak.toml"
     path.write_text(
@@ -139,13 +167,14 @@ def main() -> int:
     raw = {
         "step_s_off": off, "step_s_on": on,
         "hang_report_s": time_to_name(out, "stop"), "kill_report_s": time_to_name(out, "kill"),
-        "leak_mb_per_step": leak_rate(out, 8.0),
+        "leak_mb_per_step": leak_rate(out, 8.0), "stuck_report_s": stuck_report_s(out),
     }  # fmt: skip
     ratios = {
         "overhead": statistics.fmean(on) / statistics.fmean(off) - 1.0,
         "hang_report_s": raw["hang_report_s"],
         "kill_report_s": raw["kill_report_s"],
         "leak_rate_error": abs(raw["leak_mb_per_step"] - 8.0) / 8.0,
+        "stuck_report_s": raw["stuck_report_s"],
     }
     listed = {k: ", ".join(f"{x:.3f}" for x in raw[f"step_s_{k}"]) for k in ("off", "on")}
     print(f"main job step s, watchdog off: {listed['off']}; on: {listed['on']}")
@@ -153,6 +182,7 @@ def main() -> int:
     print(
         f"named after {raw['kill_report_s']:.1f} s; 8 MB/step leak reported at {raw['leak_mb_per_step']:.2f}"
     )
+    print(f"a rank stuck in a broadcast named with the missing rank after {raw['stuck_report_s']:.1f} s")
     rows, ok = check_ratios(ratios, REQUIRED, digits=3)
     print(f"\n{'ratio':<18}{'value':>9}  {'required':<10}status")
     for name, value, bound, status in rows:
