@@ -318,7 +318,8 @@ class Watchdog:
                     self._warned.add((problem["rank"], problem["kind"]))
                     log.warning("%s", describe_problem(problem))
                 continue
-            stacks = collect_stacks(self.run_dir, problems)
+            # live ranks answer at their next beat: two beats are enough (4 s at most)
+            stacks = collect_stacks(self.run_dir, problems, wait_s=min(4.0, 2 * self.interval + 0.5))
             message = "; ".join(describe_problem(p) for p in problems)
             message += f". Python stacks of every rank that could answer: {stacks}"
             first = problems[0]["record"]
