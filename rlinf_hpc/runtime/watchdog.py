@@ -37,6 +37,7 @@ from typing import Any
 from rlinf_hpc.comm.waiting import current_wait
 from rlinf_hpc.log import get_logger
 from rlinf_hpc.runtime.ownership import pid_alive
+from rlinf_hpc.runtime.stuck import stuck_waits
 
 log = get_logger("watchdog")
 
@@ -255,9 +256,9 @@ class Watchdog:
         now = time.time() if now is None else now
         host = socket.gethostname()
         problems = []
-        for rank in range(1, self.world_size):
-            record = read_heartbeat(self.run_dir / HEARTBEATS / f"rank-{rank}.json")
-            if record is None or record.get("left"):
+        records = self._records()  # read once: the stopped/died checks and the stuck waits
+        for rank, record in records.items():
+            if rank == 0:
                 continue
             self._seen.add(rank)
             age = now - float(record.get("time", now))
@@ -266,7 +267,7 @@ class Watchdog:
             elif age > self.hang_timeout_s:
                 problems.append({"rank": rank, "kind": "stopped", "age_s": age, "record": record})
         if not problems:
-            problems = stuck_waits(self._records(), now, self.hang_timeout_s)
+            problems = stuck_waits(records, now, self.hang_timeout_s)
         if not self._unseen_reported and now - self.started > self.hang_timeout_s:
             self._unseen_reported = True
             unseen = sorted(set(range(1, self.world_size)) - self._seen)
@@ -348,65 +349,6 @@ def describe_problem(problem: dict[str, Any]) -> str:
         f"{who}, pid {record.get('pid')}: no heartbeat for {problem['age_s']:.0f} s while in {doing} "
         "(the process is stopped or frozen: SIGSTOP, a debugger, swapping, a lost node)"
     )
-
-
-def _state_of(record: dict[str, Any] | None, now: float) -> tuple[str, str, float]:
-    """(``state``, what it does, for how long): ``state`` is waiting, computing or idle."""
-    if record is None:
-        return "unknown", "no heartbeat", 0.0
-    wait = record.get("wait")
-    if wait:
-        return "waiting", f"waiting in {wait['op']}", now - float(wait["since"])
-    activity = record.get("activity") or "idle"
-    state = "idle" if activity in ("idle", "coordinating", "starting") else "computing"
-    return state, activity, now - float(record.get("since", now))
-
-
-def stuck_waits(
-    records: dict[int, dict[str, Any]], now: float, hang_timeout_s: float
-) -> list[dict[str, Any]]:
-    """Ranks stuck in a collective or receive: waiting longer than ``hang_timeout_s`` while none
-    of the ranks the operation needs is working. Each is named with the members missing from the
-    operation (idle, or waiting in another one) — a deadlock or a rank that never arrived; a
-    long wait on a peer that computes is no problem.
-
-    >>> records = {1: {"wait": {"op": "broadcast #1 over ranks [1, 2]", "peers": [1, 2], "since": 0.0},
-    ...                "roles": "alpha"},
-    ...            2: {"activity": "idle", "since": 0.0, "roles": "alpha"}}
-    >>> [p["detail"] for p in stuck_waits(records, 200.0, 120.0)]
-    ['waits in broadcast #1 over ranks [1, 2] for 200 s; missing from it: rank 2 (alpha): idle for 200 s']
-    >>> records[2] = {"activity": "alpha.train", "since": 0.0}  # the peer works: a long wait, fine
-    >>> stuck_waits(records, 200.0, 120.0)
-    []
-    """
-    problems, reported_ops = [], set()
-    for rank, record in sorted(records.items()):
-        wait = record.get("wait")
-        if not wait or now - float(wait["since"]) <= hang_timeout_s or wait["op"] in reported_ops:
-            continue
-        missing, working = [], False
-        for peer in wait["peers"]:
-            if peer == rank:
-                continue
-            state, doing, age = _state_of(records.get(peer), now)
-            peer_wait = (records.get(peer) or {}).get("wait") or {}
-            if state == "computing":
-                working = True
-            elif state == "waiting" and peer_wait.get("op") == wait["op"]:
-                continue  # it is in the operation too
-            else:
-                roles = (records.get(peer) or {}).get("roles") or "-"
-                missing.append(f"rank {peer} ({roles}): {doing} for {age:.0f} s")
-        if working:
-            continue
-        age = now - float(wait["since"])
-        detail = f"waits in {wait['op']} for {age:.0f} s; " + (
-            f"missing from it: {'; '.join(missing)}" if missing
-            else "every member is in it, yet nothing moved (mismatched tags or sizes?)"
-        )  # fmt: skip
-        reported_ops.add(wait["op"])
-        problems.append({"rank": rank, "kind": "stuck", "age_s": age, "record": record, "detail": detail})
-    return problems
 
 
 def collect_stacks(run_dir: Path, problems: list[dict[str, Any]], wait_s: float = 4.0) -> Path:
