@@ -76,7 +76,7 @@ class DataPlane:
         self.span_hook: Callable[..., None] | None = None
         self.links = Links(self.rank, self.options.link_timeout_s, self._comm)
         self._inbox = Inbox(self._comm, _ENVELOPE_TAG, _PAYLOAD_TAG, self._name, self.links, device)
-        self.collectives = Collectives(self)
+        self.collectives = Collectives(self, self._comm)
         #: Counters for diagnostics and tests (monotonic over the plane's life).
         self.stats = {
             "envelopes_sent": 0,
@@ -147,7 +147,9 @@ class DataPlane:
         """
         return self._start_send(obj, dst, tag, coalesce)
 
-    def _start_send(self, obj: Any, dst: Address, tag: Any, coalesce: bool) -> WorkHandle:
+    def _start_send(
+        self, obj: Any, dst: Address, tag: Any, coalesce: bool, synchronous: bool = False
+    ) -> WorkHandle:
         rank = self.resolve(dst)
         description, leaves = pack(obj)
         nbytes = sum(leaf.nbytes for leaf in leaves)
@@ -158,13 +160,25 @@ class DataPlane:
             payloads = [leaf.host_bytes() for leaf in leaves]
             header = ("S", tag, description, True, 0)
             envelope = self._encode(header, payloads, obj, rank)
-            record = SendRecord([self._comm.Isend([envelope, mpi().BYTE], rank, _ENVELOPE_TAG)], [envelope])
+            post = self._comm.Issend if synchronous else self._comm.Isend
+            record = SendRecord([post([envelope, mpi().BYTE], rank, _ENVELOPE_TAG)], [envelope])
             self._count(envelopes=1, nbytes=len(envelope))
         else:
             record = self._send_large(rank, tag, obj, description, leaves)
         record.describe = lambda: f"send to {self._name(rank)} (tag {tag!r}, {size_text(nbytes)})"
         self._ledger.add(record)
         return self._send_handle(rank, tag, nbytes, record)
+
+    def isend_synchronous(self, obj: Any, dst: Address, tag: Any = 0) -> WorkHandle:
+        """`isend` whose handle completes only once the receiver has taken the message in (MPI
+        synchronous mode), never coalesced: the collectives learn when a peer has posted the
+        receive of what follows."""
+        return self._start_send(obj, dst, tag, coalesce=False, synchronous=True)
+
+    def keep_until_sent(self, requests: list[Any], buffers: list[Any]) -> None:
+        """Keep ``buffers`` alive until MPI is done with ``requests`` (sends posted outside the
+        data plane's own paths, e.g. the collectives' bulk bytes), whatever the caller does."""
+        self._ledger.add(SendRecord(list(requests), list(buffers)))
 
     def _encode(self, header: Any, payloads: list[Any], obj: Any, rank: int) -> bytearray:
         try:
@@ -473,5 +487,6 @@ class DataPlane:
 
     def free(self) -> None:
         """Release the data communicator (after the last transfer)."""
+        self.collectives.free()
         if self._comm != mpi().COMM_NULL:
             self._comm.Free()

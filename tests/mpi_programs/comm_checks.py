@@ -231,6 +231,33 @@ def check_collectives(plane: DataPlane, size: int) -> None:
     )
     assert [e[0] for e in exchanged] == everyone
     assert all(e[1] == plane.rank and e[2].tolist() == [e[0]] * (plane.rank + 1) for e in exchanged)
+    # mixed objects with several large leaves per pair (the bulk path: one zero-copy MPI
+    # message per leaf, every pair's posted at once) next to small ones, exact on arrival
+    def mixed(src: int, dst: int) -> dict:
+        return {
+            "a": torch.full((70_000,), float(src * 100 + dst)),
+            "b": [np.arange(50_000, dtype=np.int64) + src, b"x" * (80_000 + dst)],
+            "small": torch.tensor([src, dst]),
+            "meta": (src, dst, "ok"),
+            "empty": torch.empty(0),
+        }
+
+    def same_mixed(got: dict, src: int, dst: int) -> bool:
+        want = mixed(src, dst)
+        return (
+            same(got["a"], want["a"])
+            and np.array_equal(got["b"][0], want["b"][0])
+            and got["b"][1] == want["b"][1]
+            and same(got["small"], want["small"])
+            and got["meta"] == want["meta"]
+            and got["empty"].shape == (0,)
+        )
+
+    exchanged = plane.all_to_all([mixed(plane.rank, j) for j in range(size)], everyone, timeout=60)
+    assert all(same_mixed(got, src, plane.rank) for src, got in enumerate(exchanged))
+    gathered = plane.gather(mixed(plane.rank, 0), 0, everyone, timeout=60)
+    if plane.rank == 0:
+        assert all(same_mixed(got, src, 0) for src, got in enumerate(gathered))
     # an ad-hoc pair
     pair = [0, size - 1]
     if plane.rank in pair:
