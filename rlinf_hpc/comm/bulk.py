@@ -125,6 +125,13 @@ class Incoming:
         self.sums = sums
         self.requests = requests
 
+    def cancel(self) -> None:
+        """Withdraw the receives that have not completed (a collective gave up on them)."""
+        for request in self.requests:
+            if not request.Test():
+                request.Cancel()
+                request.Wait()
+
     def result(self, device: str, sender: str) -> Any:
         """The rebuilt object (once the requests completed); tensors moved to ``device``."""
         if self.sums is not None:

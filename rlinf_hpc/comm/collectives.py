@@ -226,6 +226,16 @@ class Collectives:
         if requests:  # every peer holds its descriptions: the bytes are moving
             backoff = Backoff(initial=5e-6, maximum=1e-3, spin=TRANSFER_SPIN_S + nbytes / SPIN_BYTES_PER_S)
             while not mpi().Request.Testall(requests):
+                if timeout is not None and time.monotonic() - start >= timeout:
+                    # A peer took our description in while waiting on something else and never
+                    # joined: our buffers stay with the data plane's ledger until MPI is done.
+                    for incoming in landing.values():
+                        incoming.cancel()
+                    raise CommTimeoutError(
+                        f"in {op} #{number} over ranks {list(key)} (root {root}): the bulk bytes "
+                        f"to or from ranks {sorted(set(outgoing) | set(landing))} did not move within "
+                        f"{timeout:.1f} s; did every member call {op} with the same members?"
+                    )
                 backoff.sleep()
         for src, incoming in landing.items():
             results[src] = incoming.result(plane.device, plane.directory.name_of(src))

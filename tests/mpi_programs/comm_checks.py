@@ -231,6 +231,7 @@ def check_collectives(plane: DataPlane, size: int) -> None:
     )
     assert [e[0] for e in exchanged] == everyone
     assert all(e[1] == plane.rank and e[2].tolist() == [e[0]] * (plane.rank + 1) for e in exchanged)
+
     # mixed objects with several large leaves per pair (the bulk path: one zero-copy MPI
     # message per leaf, every pair's posted at once) next to small ones, exact on arrival
     def mixed(src: int, dst: int) -> dict:
@@ -303,6 +304,31 @@ def check_collective_errors(plane: DataPlane, peer: int) -> None:
             assert "rank 0 (coordinator) called broadcast (root 0)" in text, text
         else:
             raise AssertionError("mismatched collectives were not detected")
+
+
+def check_bulk_timeout(plane: DataPlane, peer: int) -> None:
+    """A gather member whose root took its description in (while waiting on something else)
+    but did not join times out naming the bulk bytes; its message still arrives intact when
+    the root joins later."""
+    if plane.rank not in (0, peer):
+        return
+    members = [0, peer]
+    if plane.rank == peer:
+        assert plane.recv(0, tag="bulk-ready", timeout=30) == "ready"
+        start = time.monotonic()
+        try:
+            plane.gather(torch.full((300_000,), 7.0), 0, members, timeout=2.0)
+        except CommTimeoutError as exc:
+            assert "the bulk bytes to or from ranks [0] did not move within 2.0 s" in str(exc), str(exc)
+        else:
+            raise AssertionError("gather whose root never joined did not time out")
+        assert time.monotonic() - start < 6
+        plane.send("joined now", 0, tag="bulk-go", timeout=30)
+    else:
+        plane.send("ready", peer, tag="bulk-ready", timeout=30)
+        assert plane.recv(peer, tag="bulk-go", timeout=30) == "joined now"  # pulls the description
+        got = plane.gather(None, 0, members, timeout=30)
+        assert got[0] is None and float(got[1].sum()) == 7.0 * 300_000, got
 
 
 def check_receive_into_out_buffers(plane: DataPlane, peer: int) -> None:
@@ -494,6 +520,7 @@ def main() -> int:
         ("collectives", lambda: check_collectives(plane, size)),
         ("timeout", lambda: check_timeout_names_both_sides(plane, peer)),
         ("collective_errors", lambda: check_collective_errors(plane, peer)),
+        ("bulk_timeout", lambda: check_bulk_timeout(plane, peer)),
         ("receive_into_out", lambda: check_receive_into_out_buffers(plane, peer)),
         ("bad_input", lambda: check_bad_input(plane, peer, size)),
         ("hypothesis_ring", lambda: check_hypothesis_ring(plane, size)),
