@@ -21,13 +21,14 @@ whose routes (NCCL links, staged copies) are made for them.
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 from typing import Any
 
 from rlinf_hpc.comm import wire
 from rlinf_hpc.comm.mpi import mpi
 from rlinf_hpc.comm.packing import allocate_leaf, leaf_from_bytes, leaf_nodes, pack, unpack
 
-#: hindexed block lengths are C ints: larger leaves are described in blocks of this size.
+#: MPI counts are C ints: larger leaves travel as several messages of at most this size.
 _BLOCK = 1 << 30
 
 
@@ -45,12 +46,16 @@ def split(obj: Any, inline_below: int, verify: bool) -> Split | None:
     """``obj`` as a description message plus bulk host views, or None when it should travel
     whole (a large leaf on a GPU device)."""
     description, leaves = pack(obj)
-    large = [leaf.nbytes >= inline_below for leaf in leaves]
-    pairs = zip(leaves, large, strict=True)
-    if any(big and leaf.kind == "T" and leaf.device != "cpu" for leaf, big in pairs):
-        return None
-    small = [None if big else bytes(leaf.host_bytes()) for leaf, big in zip(leaves, large, strict=True)]
-    bulk = [leaf.host_bytes() for leaf, big in zip(leaves, large, strict=True) if big]
+    small: list[bytes | None] = []
+    bulk: list[memoryview] = []
+    for leaf in leaves:
+        if leaf.nbytes < inline_below:
+            small.append(bytes(leaf.host_bytes()))
+        elif leaf.kind == "T" and leaf.device != "cpu":
+            return None
+        else:
+            small.append(None)
+            bulk.append(leaf.host_bytes())
     sums = [wire.checksum(view) for view in bulk] if verify else None
     return Split(["bulk", description, small, sums, None], bulk)
 
@@ -104,26 +109,16 @@ class Bulk:
             self._comm.Free()
 
 
+@dataclass(slots=True)
 class Incoming:
     """A posted bulk receive and the object it fills."""
 
-    __slots__ = ("description", "nodes", "requests", "sums", "values", "views")
-
-    def __init__(
-        self,
-        description: Any,
-        nodes: list[tuple],
-        values: list[Any],
-        views: list[memoryview],
-        sums: list[int] | None,
-        requests: list[Any],
-    ) -> None:
-        self.description = description
-        self.nodes = nodes
-        self.values = values
-        self.views = views
-        self.sums = sums
-        self.requests = requests
+    description: Any
+    nodes: list[tuple]
+    values: list[Any]
+    views: list[memoryview]
+    sums: list[int] | None
+    requests: list[Any]
 
     def cancel(self) -> None:
         """Withdraw the receives that have not completed (a collective gave up on them)."""

@@ -153,13 +153,13 @@ class Collectives:
         key, number = self._begin(members)
         if len(objs) != len(key):
             raise ValueError(f"all_to_all needs one object per member ({len(key)}), got {len(objs)}")
-        me = self.plane.rank
+        mine = key.index(self.plane.rank)
         with self._op("all_to_all", key, number):
-            mine = key.index(me)  # each member starts with the next one: no hot spot on one rank
+            # each member starts with the next one: no hot spot on one rank
             order = [(mine + step) % len(key) for step in range(1, len(key))]
             outgoing = {key[j]: objs[j] for j in order}
             received = self._exchange("all_to_all", -1, key, number, outgoing, list(outgoing), timeout)
-        return [objs[key.index(me)] if r == me else received[r] for r in key]
+        return [objs[mine] if j == mine else received[r] for j, r in enumerate(key)]
 
     def _exchange(
         self,
