@@ -2,7 +2,7 @@
 """End-to-end benchmark of the math GRPO job: the same workload, seed and total ranks in every
 mode, against the two baselines a user would really pick.
 
-    python tools/bench_e2e.py [--json PATH] [--steps 12] [--np 5] [--accuracy-steps 120]
+    python tools/bench_e2e.py [--json PATH] [--steps 12] [--np 5] [--accuracy-steps 60]
 
 Modes (all on ``--np`` ranks: the coordinator plus np-1 workers):
 
@@ -163,7 +163,7 @@ def main() -> int:
     )
     parser.add_argument(
         "--accuracy-steps", type=int, default=0, metavar="N",
-        help="also run the main job N steps on- and off-policy (120: its length) for the accuracy delta",
+        help="also run the main job N steps on- and off-policy (60: its length) for the accuracy delta",
     )  # fmt: skip
     args = parser.parse_args()
     if args.steps < 5:
