@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import random
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -223,3 +225,28 @@ def test_requeue_decisions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     assert _stop_manager(tmp_path, preempted, requeue="false").exit_code_after_stop(stop()) == 3
     monkeypatch.setattr(module, "can_requeue", lambda: False)
     assert _stop_manager(tmp_path, preempted).exit_code_after_stop(stop()) == EXIT_SAVED_AND_STOPPED
+
+
+def test_torch_is_seeded_on_import_when_a_rank_seeds_before_it() -> None:
+    """Ranks without torch code never import it (each saves ~3 s of CPU at start on a slow box);
+    one that imports it after `seed_process` draws exactly what it would have drawn had torch
+    been imported first, and its RNG capture then includes torch's."""
+    program = """
+import sys
+import rlinf_hpc.runners.job, rlinf_hpc.workers
+from rlinf_hpc.runtime.checkpoint.state import capture_rng, seed_process
+assert "torch" not in sys.modules, "the runner or the worker base imports torch"
+first = sys.argv[1] == "torch-first"
+if first:
+    import torch
+seed_process(7, 3)
+assert first or ("torch" not in capture_rng())
+import torch
+print(torch.rand(3).tolist(), "torch" in capture_rng())
+"""
+    run = [sys.executable, "-c", program]
+    outputs = [
+        subprocess.run([*run, order], capture_output=True, text=True, check=True).stdout
+        for order in ("torch-first", "torch-later")
+    ]
+    assert outputs[0] == outputs[1] and outputs[0].strip().endswith("True"), outputs

@@ -14,12 +14,14 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlinf_hpc.log import get_logger
 from rlinf_hpc.runtime.timeline import Timeline
-from rlinf_hpc.scheduler.offload import ModuleSwitch, OffloadOptions
 from rlinf_hpc.workers.base import Worker
+
+if TYPE_CHECKING:  # imported where a switch is made: it needs torch, time-sharing may not
+    from rlinf_hpc.scheduler.offload import ModuleSwitch
 
 log = get_logger("timeshare")
 
@@ -108,6 +110,8 @@ class DeviceTimeShare:
             state: Any = worker.switch_state()
             if state is None:
                 return None
+            from rlinf_hpc.scheduler.offload import ModuleSwitch, OffloadOptions
+
             module, optimizer = state if isinstance(state, tuple) else (state, None)
             self._switches[name] = ModuleSwitch(module, optimizer, OffloadOptions(mode=offload), key=name)
         return self._switches[name]

@@ -10,6 +10,7 @@ JSON header, raw little-endian data), read back with `safetensors.torch.load_fil
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -17,22 +18,29 @@ import queue
 import struct
 import threading
 from pathlib import Path
-from typing import Any
-
-import torch
-from safetensors.torch import load_file
+from typing import TYPE_CHECKING, Any
 
 from rlinf_hpc.runtime.checkpoint.state import flatten, unflatten
 
+if TYPE_CHECKING:
+    import torch
+
 #: Bytes written and hashed at a time.
 _CHUNK = 8 << 20
-#: safetensors' names of torch dtypes.
-_DTYPES = {
-    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
-    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
-    torch.bool: "BOOL", torch.uint16: "U16", torch.uint32: "U32", torch.uint64: "U64",
-    torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2",
-}  # fmt: skip
+
+
+@functools.cache
+def _dtype_names() -> dict[Any, str]:
+    """safetensors' names of torch dtypes (built on first use: importing this module must not
+    import torch, which ranks without torch code never load)."""
+    import torch
+
+    return {
+        torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+        torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+        torch.bool: "BOOL", torch.uint16: "U16", torch.uint32: "U32", torch.uint64: "U64",
+        torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2",
+    }  # fmt: skip
 
 
 def file_name(component: str, group_rank: int) -> str:
@@ -77,6 +85,8 @@ class _Hasher:
 
 
 def _raw_bytes(tensor: torch.Tensor) -> memoryview:
+    import torch
+
     flat = tensor.reshape(-1)
     return memoryview(flat.view(torch.uint8).numpy()) if flat.numel() else memoryview(b"")
 
@@ -90,7 +100,7 @@ def _write_safetensors(path: Path, tensors: dict[str, torch.Tensor]) -> dict[str
             raise ValueError(f"checkpoint tensor {name} must be a contiguous host tensor")
         size = tensor.numel() * tensor.element_size()
         header[name] = {
-            "dtype": _DTYPES[tensor.dtype],
+            "dtype": _dtype_names()[tensor.dtype],
             "shape": list(tensor.shape),
             "data_offsets": [offset, offset + size],
         }
@@ -143,6 +153,8 @@ def write_state(directory: Path, name: str, state: Any) -> list[dict[str, Any]]:
 
 def read_state(directory: Path, name: str, device: str = "cpu") -> Any:
     """Read what `write_state` wrote (checksums are the manifest's business)."""
+    from safetensors.torch import load_file
+
     tensors = load_file(str(directory / f"{name}.safetensors"), device=device)
     skeleton = json.loads((directory / f"{name}.json").read_text(encoding="utf-8"))
     return unflatten(tensors, skeleton)

@@ -16,25 +16,44 @@ same container and key types. Anything else is refused with its path, so nothing
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
 import random
-from typing import Any
+import sys
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 _SCALARS = (bool, int, float, str, type(None))
+
+
+class _Tensorless:
+    """Stands in for torch's Tensor class in a process that never imported torch (no object
+    can be a tensor there): ranks that run no torch code (the coordinator, reward and probe
+    workers) start ~3 s of CPU sooner on a 2-core box without importing it."""
+
+
+def _tensor_type() -> type:
+    torch = sys.modules.get("torch")
+    return torch.Tensor if torch is not None else _Tensorless
 
 
 def flatten(state: Any) -> tuple[dict[str, torch.Tensor], Any]:
     """``(tensors, skeleton)``: every tensor (and ndarray) under its own key ``t<N>``."""
     tensors: dict[str, torch.Tensor] = {}
+    tensor_type = _tensor_type()
 
     def walk(node: Any, path: str) -> Any:
-        if isinstance(node, torch.Tensor):
+        if isinstance(node, tensor_type):
             key = f"t{len(tensors)}"
             tensors[key] = node
             return {"T": key}
         if isinstance(node, np.ndarray):
+            import torch
+
             key = f"t{len(tensors)}"
             tensors[key] = torch.from_numpy(np.ascontiguousarray(node))
             return {"A": key}
@@ -81,12 +100,12 @@ def host_copy(state: Any, pool: dict[str, torch.Tensor] | None = None, path: str
     async save that stalls training); containers are copied, scalars shared. With ``pool``,
     buffers of the same shape and dtype from the previous save are reused: copying into
     memory that is already mapped is several times faster than into fresh pages."""
-    if isinstance(state, torch.Tensor):
+    if isinstance(state, _tensor_type()):
         if pool is None:
             return state.detach().to("cpu", copy=True).contiguous()
         buffer = pool.get(path)
         if buffer is None or buffer.shape != state.shape or buffer.dtype != state.dtype:
-            buffer = pool[path] = torch.empty(state.shape, dtype=state.dtype)
+            buffer = pool[path] = state.new_empty(state.shape, device="cpu")
         return buffer.copy_(state.detach())
     if isinstance(state, np.ndarray):
         return state.copy()
@@ -101,7 +120,7 @@ def host_copy(state: Any, pool: dict[str, torch.Tensor] | None = None, path: str
 def host_view(state: Any) -> Any:
     """``state`` with every tensor readable from host memory: CPU tensors as they are (a
     synchronous save writes them before training goes on), device tensors copied."""
-    if isinstance(state, torch.Tensor):
+    if isinstance(state, _tensor_type()):
         return state.detach().to("cpu").contiguous()
     if isinstance(state, dict):
         return {key: host_view(value) for key, value in state.items()}
@@ -114,22 +133,52 @@ def host_view(state: Any) -> Any:
 def seed_process(seed: int, rank: int) -> None:
     """Seed python's, numpy's and torch's global generators from (job seed, world rank), so
     that whatever draws from them does so identically run to run (and a checkpoint of their
-    state means something)."""
+    state means something). torch is seeded now if it is imported, else the moment it is."""
     derived = random.Random(f"{seed}:{rank}:process").getrandbits(32)
     random.seed(derived)
     np.random.seed(derived)
-    torch.manual_seed(derived)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.manual_seed(derived)
+        return
+    for finder in [f for f in sys.meta_path if isinstance(f, _SeedTorchOnImport)]:
+        sys.meta_path.remove(finder)
+    sys.meta_path.insert(0, _SeedTorchOnImport(derived))
+
+
+class _SeedTorchOnImport(importlib.abc.MetaPathFinder):
+    """A one-shot import hook: finds torch through the other finders and seeds its global
+    generator as soon as its module has run, before any code can draw from it."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != "torch":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        run, seed = spec.loader.exec_module, self.seed
+
+        def exec_and_seed(module: Any) -> None:
+            run(module)
+            module.manual_seed(seed)
+
+        spec.loader.exec_module = exec_and_seed  # type: ignore[method-assign]
+        return spec
 
 
 def capture_rng() -> dict[str, Any]:
-    """This process's random generators: python, numpy, torch CPU and every CUDA device."""
-    state: dict[str, Any] = {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = list(torch.cuda.get_rng_state_all())
+    """This process's random generators: python, numpy, torch CPU and every CUDA device (torch's
+    only if torch is imported: a process without it cannot have drawn from them)."""
+    state: dict[str, Any] = {"python": random.getstate(), "numpy": np.random.get_state()}
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        state["torch"] = torch.get_rng_state()
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            state["cuda"] = list(torch.cuda.get_rng_state_all())
     return state
 
 
@@ -139,6 +188,9 @@ def restore_rng(state: dict[str, Any]) -> None:
     random.setstate((version, tuple(internal), gauss))
     name, keys, pos, has_gauss, cached = state["numpy"]
     np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if "torch" in state:
+        import torch
+
+        torch.set_rng_state(state["torch"])
+        if "cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda"])
