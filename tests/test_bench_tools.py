@@ -82,6 +82,7 @@ def test_bench_switch_writes_ratio_and_compression(tmp_path: Path) -> None:
     assert data["raw"]["delta_bf16_ratio"] > 2 * data["raw"]["plain_bf16_ratio"]
 
 
+@pytest.mark.slow  # five modes of the tiny job: 4.6 min on a slow 2-core box
 def test_bench_e2e_runs_every_mode_and_writes_every_ratio(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     tiny = [

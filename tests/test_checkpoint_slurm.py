@@ -21,6 +21,10 @@ SETS = [
     *[s for s in TINY if not s.startswith(("grpo.steps=", "flow.runner="))],
     "grpo.steps=60",  # signalled after 10: the rest outlasts the signal's way in by seconds
     "checkpoint.every_steps=25",
+    # fixed micro-batches: elastic ones follow timing, and with them this test saw one loss
+    # differ in its 7th digit at step 35 of 60 on a slow box (suspected: a micro-batch's padded
+    # length changes the last bits of batched log-probs); the exact resume is this test's point
+    "pipeline.elastic=false",
     "flow.runner=math_grpo",
 ]
 

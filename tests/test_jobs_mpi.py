@@ -84,7 +84,7 @@ def test_hung_worker_call_times_out_naming_rank_and_method(tmp_path: Path) -> No
         "run", str(probe_toml(tmp_path, "hanging_flow")), "--set", "job.call_timeout_s=2", timeout=60
     )
     assert result.returncode != 0
-    assert time.monotonic() - start < 30
+    assert time.monotonic() - start < 45  # start-up included: ~25 s on a slow, busy 2-core box
     assert "waited for rank 1 (component 'alpha') to finish sleep" in result.stderr, result.stderr
     assert "no answer after 2.0 s" in result.stderr
 

@@ -15,6 +15,7 @@ from conftest import BIN, CONFIGS, REPO, TINY, rlinf, run_command
 pytestmark = pytest.mark.mpi
 
 
+@pytest.mark.slow  # bench_learning at CI size: 5.5 min on a slow 2-core box; CI checks the main job's gain
 @pytest.mark.timeout(900)  # on a cold cache the first run trains the warm start (~2 min)
 def test_grpo_learns_from_reward_and_the_controls_do_not(tmp_path: Path) -> None:
     """Fixed seed, the real warm start (careless teacher) and 10 RL steps per run: GRPO's reward

@@ -226,6 +226,7 @@ def test_gpu_memory_utilization_outside_zero_one_is_refused(tmp_path: Path, valu
 
 @needs_vllm
 @pytest.mark.mpi
+@pytest.mark.slow  # two jobs with a vLLM engine: 2 min on a slow 2-core box
 def test_the_main_job_runs_on_the_vllm_backend(tmp_path: Path) -> None:
     """Reduced main job (5 ranks, built-in model saved for vLLM): it runs, evaluates with the
     synced weights (same greedy accuracy after the warm start as transformers) and trains."""
