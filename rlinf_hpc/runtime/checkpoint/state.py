@@ -32,8 +32,8 @@ _SCALARS = (bool, int, float, str, type(None))
 
 class _Tensorless:
     """Stands in for torch's Tensor class in a process that never imported torch (no object
-    can be a tensor there): ranks that run no torch code (the coordinator, reward and probe
-    workers) start ~3 s of CPU sooner on a 2-core box without importing it."""
+    can be a tensor there): ranks that run no torch code (the coordinator; hello, toy and
+    probe workers) start ~3 s of CPU sooner on a slow 2-core box without importing it."""
 
 
 def _tensor_type() -> type:
