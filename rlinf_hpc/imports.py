@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import Any
 
 from rlinf_hpc.errors import UserError
@@ -41,3 +42,20 @@ def import_subclass(path: str, base: type, what: str, hint: str = "") -> type:
             f"{base.__module__.replace('.base', '')}.{base.__qualname__}.{hint}"
         )
     return obj
+
+
+def loaded(name: str) -> Any:
+    """Module ``name`` if it is imported *completely*, else None: never imports it.
+
+    A module another thread is still importing is in ``sys.modules`` half made (torch without
+    ``torch.cuda`` yet); code that only reports on what is in use (heartbeats, memory figures,
+    packing's type checks) asks here instead of ``sys.modules`` — a rank may import torch late,
+    while its heartbeat thread runs.
+
+    >>> loaded("sys") is sys, loaded("surely_not_a_module_name")
+    (True, None)
+    """
+    module = sys.modules.get(name)
+    if module is None or getattr(getattr(module, "__spec__", None), "_initializing", False):
+        return None
+    return module

@@ -250,3 +250,29 @@ print(torch.rand(3).tolist(), "torch" in capture_rng())
         for order in ("torch-first", "torch-later")
     ]
     assert outputs[0] == outputs[1] and outputs[0].strip().endswith("True"), outputs
+
+
+def test_heartbeat_figures_survive_torch_being_imported_on_another_thread() -> None:
+    """A rank may import torch late (its worker module), while its heartbeat thread reports
+    memory: a half-imported torch (no ``torch.cuda`` yet) killed that thread, and the watchdog
+    took the rank for frozen two minutes later."""
+    program = """
+import threading, time
+from rlinf_hpc.runtime.watchdog import memory_in_use
+errors, done = [], threading.Event()
+def beat():
+    while not done.is_set():
+        try:
+            memory_in_use()
+        except Exception as exc:
+            errors.append(repr(exc))
+        time.sleep(0.0005)
+thread = threading.Thread(target=beat)
+thread.start()
+import torch
+done.set()
+thread.join()
+print("errors", len(errors), errors[:1])
+"""
+    out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True).stdout
+    assert out.startswith("errors 0 "), out

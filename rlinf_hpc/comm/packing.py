@@ -25,11 +25,12 @@ import functools
 import importlib
 import math
 import pickle
-import sys
 from collections import OrderedDict
 from typing import Any
 
 import numpy as np
+
+from rlinf_hpc.imports import loaded
 
 #: ``bytes`` objects at least this long travel as raw buffers; shorter ones ride in the description.
 BYTES_LEAF_MIN = 1024
@@ -56,7 +57,7 @@ class Leaf:
 
 
 def _torch() -> Any:
-    return sys.modules.get("torch")
+    return loaded("torch")
 
 
 def _is_tensor(obj: Any) -> bool:

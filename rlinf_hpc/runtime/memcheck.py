@@ -16,7 +16,6 @@ stacks, ``torch.cuda.memory._dump_snapshot``) is written next to the report when
 from __future__ import annotations
 
 import gc
-import sys
 import time
 import tracemalloc
 from collections.abc import Callable
@@ -24,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlinf_hpc.imports import loaded
 from rlinf_hpc.runtime.leaks import theil_sen_slope
 
 
@@ -51,7 +51,7 @@ def _rss_mb() -> float:
 
 
 def _cuda() -> Any:
-    torch = sys.modules.get("torch")
+    torch = loaded("torch")
     if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
         return torch
     return None

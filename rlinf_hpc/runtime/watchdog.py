@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from rlinf_hpc.comm.waiting import current_wait
+from rlinf_hpc.imports import loaded
 from rlinf_hpc.log import get_logger
 from rlinf_hpc.runtime.ownership import pid_alive
 from rlinf_hpc.runtime.stuck import stuck_waits
@@ -167,9 +168,12 @@ def memory_in_use() -> dict[str, float]:
         out["rss_mb"] = psutil.Process().memory_info().rss / 2**20
     except Exception:  # noqa: BLE001 - no psutil: no memory figures
         pass
-    torch = sys.modules.get("torch")  # never import torch here: only report what is in use
-    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
-        out["device_mb"] = torch.cuda.memory_allocated() / 2**20
+    torch = loaded("torch")  # never import torch here: only report what is in use
+    try:
+        if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+            out["device_mb"] = torch.cuda.memory_allocated() / 2**20
+    except Exception:  # noqa: BLE001 - a figure must never stop the heartbeat thread
+        pass
     return out
 
 

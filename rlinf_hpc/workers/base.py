@@ -135,12 +135,12 @@ class Worker:
         """Built-in: collect garbage and return cached CUDA blocks (the memory-leak monitor's
         ``free`` action); runs without a time-share switch. Returns the memory in use after."""
         import gc
-        import sys
 
+        from rlinf_hpc.imports import loaded
         from rlinf_hpc.runtime.watchdog import memory_in_use
 
         gc.collect()
-        torch = sys.modules.get("torch")
+        torch = loaded("torch")
         if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.empty_cache()
         return memory_in_use()

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
+
+from rlinf_hpc.imports import loaded
 
 
 def host_memory_fraction(meminfo: Path = Path("/proc/meminfo")) -> float:
@@ -19,7 +20,7 @@ def host_memory_fraction(meminfo: Path = Path("/proc/meminfo")) -> float:
 
 def device_memory_fraction(device: str) -> float:
     """Fraction of ``device``'s memory in use by anyone (``cuda:N``), else of host memory."""
-    if device.startswith("cuda") and "torch" in sys.modules:
+    if device.startswith("cuda") and loaded("torch") is not None:
         import torch
 
         free, total = torch.cuda.mem_get_info(torch.device(device))
@@ -40,7 +41,7 @@ class SampleMemory:
     @property
     def cuda(self) -> bool:
         """Asked at each micro-batch: the worker's setup may initialize CUDA after binding."""
-        torch = sys.modules.get("torch")
+        torch = loaded("torch")
         return self.device.startswith("cuda") and torch is not None and torch.cuda.is_initialized()
 
     def start(self) -> None:

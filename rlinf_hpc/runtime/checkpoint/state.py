@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from rlinf_hpc.imports import loaded
+
 if TYPE_CHECKING:
     import torch
 
@@ -37,7 +39,7 @@ class _Tensorless:
 
 
 def _tensor_type() -> type:
-    torch = sys.modules.get("torch")
+    torch = loaded("torch")
     return torch.Tensor if torch is not None else _Tensorless
 
 
@@ -137,7 +139,7 @@ def seed_process(seed: int, rank: int) -> None:
     derived = random.Random(f"{seed}:{rank}:process").getrandbits(32)
     random.seed(derived)
     np.random.seed(derived)
-    torch = sys.modules.get("torch")
+    torch = loaded("torch")
     if torch is not None:
         torch.manual_seed(derived)
         return
@@ -174,7 +176,7 @@ def capture_rng() -> dict[str, Any]:
     """This process's random generators: python, numpy, torch CPU and every CUDA device (torch's
     only if torch is imported: a process without it cannot have drawn from them)."""
     state: dict[str, Any] = {"python": random.getstate(), "numpy": np.random.get_state()}
-    torch = sys.modules.get("torch")
+    torch = loaded("torch")
     if torch is not None:
         state["torch"] = torch.get_rng_state()
         if torch.cuda.is_available() and torch.cuda.is_initialized():
