@@ -234,8 +234,7 @@ def test_deadline_is_anchored_to_the_allocation_not_to_process_start(tmp_path: P
     """An allocation that began an hour ago and ends in 45 s: the job saves and stops before
     its end although the process has only just started (SLURM's clock from the environment;
     Hydra forks the ranks locally as the job id is made up). 45 s: on a slow, busy 2-core box
-    the two ranks take ~25 s to start, and a deadline that passes before the first step is
-    the job's own refusal, not this test's case."""
+    the two ranks take ~25 s to start, and a deadline inside start-up is not this test's case."""
     now = int(time.time())
     clock = {"SLURM_JOB_START_TIME": str(now - 3600), "SLURM_JOB_END_TIME": str(now + 45)}
     env = job_env({"SLURM_JOB_ID": "987654", "HYDRA_BOOTSTRAP": "fork", **clock})
