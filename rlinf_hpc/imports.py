@@ -52,10 +52,21 @@ def loaded(name: str) -> Any:
     packing's type checks) asks here instead of ``sys.modules`` — a rank may import torch late,
     while its heartbeat thread runs.
 
+    Packing asks for every leaf it meets, so a module once seen complete is remembered (a
+    dictionary lookup, as cheap as ``sys.modules.get``).
+
     >>> loaded("sys") is sys, loaded("surely_not_a_module_name")
     (True, None)
     """
+    module = _COMPLETE.get(name)
+    if module is not None:
+        return module
     module = sys.modules.get(name)
     if module is None or getattr(getattr(module, "__spec__", None), "_initializing", False):
         return None
+    _COMPLETE[name] = module
     return module
+
+
+#: Modules `loaded` has seen completely imported.
+_COMPLETE: dict[str, Any] = {}

@@ -32,15 +32,12 @@ if TYPE_CHECKING:
 _SCALARS = (bool, int, float, str, type(None))
 
 
-class _Tensorless:
-    """Stands in for torch's Tensor class in a process that never imported torch (no object
-    can be a tensor there): ranks that run no torch code (the coordinator; hello, toy and
+def _tensor_type() -> type | tuple[()]:
+    """torch's Tensor class, or no class at all (``isinstance(x, ())`` is False) in a process
+    that never imported torch: ranks that run no torch code (the coordinator; hello, toy and
     probe workers) start ~3 s of CPU sooner on a slow 2-core box without importing it."""
-
-
-def _tensor_type() -> type:
     torch = loaded("torch")
-    return torch.Tensor if torch is not None else _Tensorless
+    return torch.Tensor if torch is not None else ()
 
 
 def flatten(state: Any) -> tuple[dict[str, torch.Tensor], Any]:
