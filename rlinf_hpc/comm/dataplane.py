@@ -27,12 +27,13 @@ from rlinf_hpc.comm import wire
 from rlinf_hpc.comm.collectives import Collectives, Members
 from rlinf_hpc.comm.directory import Address, Directory
 from rlinf_hpc.comm.handles import WorkHandle
-from rlinf_hpc.comm.inbox import Inbox
+from rlinf_hpc.comm.inbox import MISSING, NOTHING, Inbox
 from rlinf_hpc.comm.links import Link, Links
 from rlinf_hpc.comm.mpi import mpi, world
 from rlinf_hpc.comm.packing import Leaf, pack, unpicklable_path
 from rlinf_hpc.comm.routing import HOST, INLINE, choose_route
 from rlinf_hpc.comm.sending import Batch, CommOptions, SendLedger, SendRecord, size_text, staged_chunks
+from rlinf_hpc.comm.tiny import TinyEncoder
 from rlinf_hpc.errors import CommTimeoutError
 
 _ENVELOPE_TAG = 21
@@ -75,6 +76,7 @@ class DataPlane:
         #: Called as hook(name, category, lane, start, end, **args) for each large transfer.
         self.span_hook: Callable[..., None] | None = None
         self.links = Links(self.rank, self.options.link_timeout_s, self._comm)
+        self._tiny = TinyEncoder(self.options.inline_below)
         self._inbox = Inbox(self._comm, _ENVELOPE_TAG, _PAYLOAD_TAG, self._name, self.links, device)
         self.collectives = Collectives(self, self._comm)
         #: Counters for diagnostics and tests (monotonic over the plane's life).
@@ -135,7 +137,25 @@ class DataPlane:
         it reads alive until MPI is done with them. Do not modify a tensor whose send timed
         out (send a copy if you must).
         """
+        if not self.options.verify:
+            envelope = self._tiny.envelope(obj, tag)
+            if envelope is not None:  # a small tensor/array: cached header, no handle if eager
+                self._send_tiny(envelope, self.resolve(dst), tag, timeout)
+                return
         self._start_send(obj, dst, tag, coalesce=False).wait(timeout)
+
+    def _send_tiny(self, envelope: bytes, rank: int, tag: Any, timeout: float | None) -> None:
+        if self._batches:
+            self._flush_batch(rank)  # earlier small messages leave first
+        request = self._comm.Isend([envelope, mpi().BYTE], rank, _ENVELOPE_TAG)
+        stats = self.stats
+        stats["envelopes_sent"] += 1
+        stats["bytes_sent"] += len(envelope)
+        if request.Test():  # sent eagerly: nothing to keep
+            return
+        record = self._ledger.add(SendRecord([request], [envelope]))
+        record.describe = lambda: f"send to {self._name(rank)} (tag {tag!r}, {len(envelope)} B)"
+        self._send_handle(rank, tag, len(envelope), record).wait(timeout)
 
     def isend(self, obj: Any, dst: Address, tag: Any = 0, coalesce: bool = True) -> WorkHandle:
         """Start sending ``obj``; returns a handle. Buffers must stay unchanged until it is done
@@ -382,11 +402,15 @@ class DataPlane:
             rank = self.resolve(src)
             if self._batches:
                 self.flush()
+            target = device or self.device
             deadline = time.perf_counter() + _FAST_RECV_S
             while True:  # a small message a peer is sending right now arrives within microseconds
-                item = self._inbox.take_ready(rank, tag)
+                value = self._inbox.take_tiny(rank, tag) if target == "cpu" else MISSING
+                if value is not MISSING and value is not NOTHING:
+                    return value
+                item = None if value is NOTHING else self._inbox.take_ready(rank, tag)
                 if item is not None:
-                    return self._inbox.finish(item, rank, device or self.device, None)
+                    return self._inbox.finish(item, rank, target, None)
                 if time.perf_counter() > deadline:
                     break
         return self.irecv(src, tag, device, out).wait(timeout)

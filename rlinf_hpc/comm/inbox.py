@@ -19,6 +19,12 @@ from rlinf_hpc.comm.links import Links
 from rlinf_hpc.comm.mpi import mpi
 from rlinf_hpc.comm.packing import Leaf, allocate_leaf, leaf_from_bytes, leaf_nbytes, leaf_nodes, unpack
 from rlinf_hpc.comm.routing import HOST, INLINE, LINK_ROUTES, NCCL
+from rlinf_hpc.comm.tiny import TinyDecoder
+
+#: What `Inbox.take_tiny` returns when it has no value (MISSING: look in the stash; NOTHING:
+#: no message from that source has arrived at all).
+MISSING = object()
+NOTHING = object()
 
 
 class Incoming:
@@ -142,6 +148,7 @@ class Inbox:
         self._stash: dict[tuple[int, Any], deque[Incoming]] = {}
         self._waiting: dict[tuple[int, Any], deque[Waiter]] = {}
         self._received_in_place = 0
+        self._tiny = TinyDecoder()
 
     def post(self, rank: int, tag: Any, out_leaves: list[Leaf] | None) -> Waiter:
         waiter = Waiter(out_leaves)
@@ -189,13 +196,46 @@ class Inbox:
                 return
             envelope = bytearray(status.Get_count(MPI.BYTE))
             message.Recv([envelope, MPI.BYTE])
-            rank = status.Get_source()
-            try:
-                self._accept(rank, envelope)
-            except wire.CorruptMessageError as error:
-                raise wire.CorruptMessageError(f"message from {self._name_of(rank)}: {error}") from None
+            self._accept_named(status.Get_source(), envelope)
+
+    def _accept_named(self, rank: int, envelope: bytearray) -> None:
+        try:
+            self._accept(rank, envelope)
+        except wire.CorruptMessageError as error:
+            raise wire.CorruptMessageError(f"message from {self._name_of(rank)}: {error}") from None
+
+    def take_tiny(self, rank: int, tag: Any) -> Any:
+        """The value of the next message from (rank, tag) if it is a tiny tensor/array (see
+        `tiny`) that MPI has here and nothing is stashed or posted before it; else `MISSING`
+        (whatever arrived instead is taken in the general way), or `NOTHING` when no envelope
+        from ``rank`` is here at all. The receive fast path of a
+        blocking `recv`: no message record, no stash, nothing unpickled."""
+        key = (rank, tag)
+        if key in self._waiting or self._stash.get(key):
+            return MISSING
+        MPI = mpi()
+        status = MPI.Status()
+        message = self._comm.Improbe(rank, self._envelope_tag, status)
+        if message is None:
+            return NOTHING
+        envelope = bytearray(status.Get_count(MPI.BYTE))
+        message.Recv([envelope, MPI.BYTE])
+        try:
+            tiny = self._tiny.decode(envelope)
+        except wire.CorruptMessageError as error:
+            raise wire.CorruptMessageError(f"message from {self._name_of(rank)}: {error}") from None
+        if tiny is None or tiny[0] != tag:
+            self._accept_named(rank, envelope)
+            return MISSING
+        return leaf_from_bytes(tiny[1], tiny[2])
 
     def _accept(self, rank: int, envelope: bytearray) -> None:
+        tiny = self._tiny.decode(envelope)
+        if tiny is not None:  # one small tensor/array whose header was seen before
+            tag, node, tail = tiny
+            item = self._fill_inline(rank, tag, node, tail, 0)[0]
+            self._stash.setdefault((rank, tag), deque()).append(item)
+            return
         header, tail = wire.decode(envelope)
         if header[0] == "M":
             offset = 0

@@ -70,7 +70,7 @@ def _contiguous_bytes(kind: str, value: Any) -> memoryview:
         tensor = value.detach()
         if tensor.device.type != "cpu":
             tensor = tensor.cpu()
-        tensor = tensor.contiguous()
+        tensor = tensor.resolve_conj().resolve_neg().contiguous()  # lazy conj/neg views: values
         if tensor.numel() == 0:
             return memoryview(b"")
         try:  # fast path for dtypes numpy knows
@@ -405,10 +405,13 @@ def leaf_from_bytes(node: tuple, data: memoryview) -> Any:
         return bytes(data)
     if len(data) == 0:
         return allocate_leaf(node)[0]
+    shape = node[3]
     if code == "A":
-        return np.frombuffer(bytearray(data), dtype=np.dtype(node[2])).reshape(node[3])
+        array = np.frombuffer(bytearray(data), dtype=np.dtype(node[2]))
+        return array if len(shape) == 1 else array.reshape(shape)
     torch = _import_torch()
-    return torch.frombuffer(bytearray(data), dtype=getattr(torch, node[2])).reshape(node[3])
+    tensor = torch.frombuffer(bytearray(data), dtype=getattr(torch, node[2]))
+    return tensor if len(shape) == 1 else tensor.reshape(shape)  # reshape costs more than the copy
 
 
 def _leaf_value(node: tuple, value: Any) -> Any:

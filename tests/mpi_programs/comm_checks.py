@@ -265,6 +265,76 @@ def check_collectives(plane: DataPlane, size: int) -> None:
         assert plane.broadcast(plane.rank if plane.rank == 0 else None, 0, pair, timeout=60) == 0
 
 
+def tiny_zoo() -> list:
+    """Single small tensors/arrays: the ones `comm.tiny` sends from a cached header, and the
+    near misses that must take the general path (grad, subclasses, strides, dtypes numpy lacks)."""
+    g = torch.Generator().manual_seed(1)
+    zoo: list = []
+    for dtype in ALL_DTYPES:
+        base = (torch.randn(6, 8, generator=g) * 50).to(dtype)
+        zoo += [base, base[0], base.t(), base[:0], base[0, 0].clone().reshape(())]
+    zoo += [
+        torch.ones(3, requires_grad=True),
+        torch.nn.Parameter(torch.ones(2)),
+        torch.zeros(4, dtype=torch.complex64).conj(),
+        np.arange(12, dtype=np.int16).reshape(3, 4),
+        np.arange(12, dtype=np.float64).reshape(3, 4, order="F"),
+        np.zeros((0, 5)),
+        np.array(3.5),
+        np.array([1, 2], dtype=">i8"),
+        np.array(["2026-12-02"], dtype="datetime64[D]"),
+        np.ones(3, dtype=bool),
+        torch.zeros(20_000),  # 80 KB: over the tiny limit
+    ]
+    return zoo
+
+
+def check_tiny_messages(plane: DataPlane, peer: int) -> None:
+    """Blocking sends of one small tensor/array (cached headers, `comm.tiny`) arrive exactly as
+    the general path delivers them: every dtype and near miss, in order per tag among coalesced
+    and large sends, into out= buffers, to receives posted earlier, safe to change once sent."""
+    zoo = tiny_zoo()
+    if plane.rank == 0:
+        envelopes = plane.stats["envelopes_sent"]
+        for obj in zoo:
+            plane.send(obj, peer, tag="zoo")
+        assert plane.stats["envelopes_sent"] - envelopes == len(zoo), plane.stats
+        x = torch.arange(4.0)
+        plane.isend({"i": 0}, peer, tag="a")  # coalesced, still queued: must leave first
+        plane.send(x, peer, tag="a")
+        x += 100  # sent: changing it now does not change what arrives
+        plane.send(np.arange(3), peer, tag="b")
+        plane.isend(torch.arange(2_000_000), peer, tag="a").wait(30)  # large, between tiny ones
+        plane.send(torch.tensor([7]), peer, tag="a")
+        world().Barrier()  # the peer posts an out= receive and an irecv before these leave
+        plane.send(torch.full((5,), 3.0), peer, tag="out")
+        plane.send(torch.tensor([9, 9]), peer, tag="posted")
+    elif plane.rank == peer:
+        got = [plane.recv(0, tag="zoo", timeout=30) for _ in zoo]
+        for index, (sent, back) in enumerate(zip(zoo, got, strict=True)):
+            assert same(sent, back), f"tiny zoo item {index} changed: {sent!r} -> {back!r}"
+            assert type(back) is type(sent), (index, type(back))
+            if isinstance(back, torch.Tensor):
+                assert back.requires_grad == sent.requires_grad, index
+            if isinstance(back, np.ndarray) and back.size:
+                assert back.flags.writeable, index
+        assert zoo[-1].shape == got[-1].shape
+        # tag "b" first: the tag "a" envelopes ahead of it are stashed and keep their order
+        assert np.array_equal(plane.recv(0, tag="b", timeout=30), np.arange(3))
+        assert plane.recv(0, tag="a", timeout=30) == {"i": 0}
+        assert torch.equal(plane.recv(0, tag="a", timeout=30), torch.arange(4.0))
+        assert len(plane.recv(0, tag="a", timeout=30)) == 2_000_000
+        assert torch.equal(plane.recv(0, tag="a", timeout=30), torch.tensor([7]))
+        out = torch.zeros(5)
+        handle = plane.irecv(0, tag="out", out=out)
+        posted = plane.irecv(0, tag="posted")
+        world().Barrier()
+        assert handle.wait(30) is out and torch.equal(out, torch.full((5,), 3.0))
+        assert torch.equal(posted.wait(30), torch.tensor([9, 9]))
+    else:
+        world().Barrier()
+
+
 def check_timeout_names_both_sides(plane: DataPlane, peer: int) -> None:
     if plane.rank == 0:
         start = time.monotonic()
@@ -516,6 +586,7 @@ def main() -> int:
         ("large_chunked", lambda: check_large_chunked(plane, peer)),
         ("order_per_tag", lambda: check_order_per_tag_with_mixed_sizes(plane, peer)),
         ("coalescing", lambda: check_coalescing(plane, peer)),
+        ("tiny_messages", lambda: check_tiny_messages(plane, peer)),
         ("async_receives", lambda: check_async_receives_complete_in_order(plane, peer)),
         ("collectives", lambda: check_collectives(plane, size)),
         ("timeout", lambda: check_timeout_names_both_sides(plane, peer)),

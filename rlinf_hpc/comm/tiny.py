@@ -1,0 +1,132 @@
+"""The fast path for tiny messages: one small CPU tensor or numpy array, sent with blocking `send`.
+
+Latency of such messages is what the general path loses most to Python: describing the object,
+pickling its header, a send record and a handle on the sender, unpickling and rebuilding on the
+receiver cost several times what MPI itself needs for a kilobyte. Here the envelope's header (the
+exact bytes the general path would write: ``("S", tag, leaf node, inline, 0)``) is built once per
+(tag, dtype, shape) and reused, so a send is a lookup, one copy and the MPI call; the receiver
+keeps a matching cache from header bytes to (tag, leaf node), so nothing is unpickled either.
+The wire format is unchanged: a receiver without the cache decodes these envelopes as any other.
+
+Only exact ``torch.Tensor`` (on CPU, contiguous, no autograd, a dtype numpy knows) and exact
+``np.ndarray`` (C-contiguous, numeric) qualify; everything else takes the general path.
+
+>>> import numpy as np
+>>> from rlinf_hpc.comm import wire
+>>> encoder, decoder = TinyEncoder(limit=1024), TinyDecoder()
+>>> envelope = encoder.envelope(np.arange(3, dtype=np.int16), tag="t")
+>>> header, tail = wire.decode(envelope)
+>>> header[:2], header[3], bytes(tail)
+(('S', 't'), True, b'\\x00\\x00\\x01\\x00\\x02\\x00')
+>>> decoder.decode(envelope)[0], decoder.decode(envelope)[0]  # the second one from the cache
+('t', 't')
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import numpy as np
+
+from rlinf_hpc.comm import wire
+from rlinf_hpc.comm.packing import pack
+from rlinf_hpc.imports import loaded
+
+_WORD = struct.Struct("<I")
+#: Headers longer than this are not cached on the receiver (tiny-path headers are ~70 bytes).
+_HEADER_MAX = 256
+#: Either cache is cleared when it holds this many entries (a job uses a handful of shapes).
+_CACHE_MAX = 1024
+_NUMPY_KINDS = frozenset("biufc")
+
+
+class TinyEncoder:
+    """Envelopes of tiny tensors/arrays from cached headers (sender side)."""
+
+    def __init__(self, limit: int) -> None:
+        #: Only messages below this many payload bytes take the fast path.
+        self.limit = limit
+        self._heads: dict[tuple, bytes] = {}
+
+    def envelope(self, obj: Any, tag: Any) -> bytes | None:
+        """The envelope of ``obj`` (same bytes as the general path's), or None when ``obj``
+        does not qualify."""
+        kind = type(obj)
+        torch = loaded("torch")
+        if torch is not None and kind is torch.Tensor:
+            if obj.nbytes >= self.limit or obj.requires_grad or not obj.is_cpu or not obj.is_contiguous():
+                return None
+            if obj.layout != torch.strided or obj.is_conj() or obj.is_neg():
+                return None
+            key: tuple = (tag, obj.dtype, obj.shape)
+            try:
+                data = obj.numpy()
+            except (TypeError, RuntimeError):  # bfloat16 and other dtypes numpy lacks
+                return None
+        elif kind is np.ndarray:
+            if obj.nbytes >= self.limit or not obj.flags.c_contiguous:
+                return None
+            if obj.dtype.kind not in _NUMPY_KINDS or obj.dtype.fields:
+                return None
+            key = (tag, obj.dtype.str, obj.shape)
+            data = obj
+        else:
+            return None
+        try:
+            head = self._heads.get(key)
+        except TypeError:  # an unhashable tag: the general path says what is wrong
+            return None
+        if head is None:
+            head = self._head(obj, tag, key)
+        return b"".join((head, data))  # one copy; MPI sends from read-only bytes
+
+    def _head(self, obj: Any, tag: Any, key: tuple) -> bytes:
+        description, _ = pack(obj)
+        head = bytes(wire.encode(("S", tag, description, True, 0)))  # raises if tag won't pickle
+        if len(self._heads) >= _CACHE_MAX:
+            self._heads.clear()
+        self._heads[key] = head
+        return head
+
+
+class TinyDecoder:
+    """Header bytes -> (tag, leaf node) for envelopes that hold one inline leaf (receiver side)."""
+
+    def __init__(self) -> None:
+        self._known: dict[bytes, tuple[Any, tuple]] = {}
+
+    def decode(self, envelope: bytearray | bytes) -> tuple[Any, tuple, memoryview] | None:
+        """(tag, leaf node, payload view) of a one-leaf inline envelope, else None (decode it
+        the general way). Only unchecked headers are looked up: integrity mode checks every
+        message."""
+        (length,) = _WORD.unpack_from(envelope, 0)  # the checksum flag is the top bit: never small
+        if length > _HEADER_MAX or len(envelope) < _WORD.size + length:
+            return None
+        view = memoryview(envelope)
+        end = _WORD.size + length
+        key = bytes(view[_WORD.size : end])
+        known = self._known.get(key)
+        if known is None:
+            header, _ = wire.decode(envelope)
+            if not _one_inline_leaf(header):
+                return None
+            if len(self._known) >= _CACHE_MAX:
+                self._known.clear()
+            known = self._known[key] = (header[1], header[2])
+        return known[0], known[1], view[end:]
+
+
+def _one_inline_leaf(header: Any) -> bool:
+    """An ``("S", tag, node, True, 0)`` header whose node is one plain tensor/array leaf: the
+    leaf's value is the object (nothing for `unpack` to add), and nothing in the header is
+    mutable, so one decoded copy may serve every message with the same bytes."""
+    if header[0] != "S" or len(header) != 5 or header[3] is not True:
+        return False
+    node = header[2]
+    if type(node) is not tuple or node[1:2] != (0,):
+        return False
+    if node[0] == "A":
+        return len(node) == 4
+    # a plain tensor: one that requires grad or is a Parameter is rebuilt by `unpack`
+    return node[0] == "T" and len(node) == 7 and node[4:] == ("cpu", False, False)
