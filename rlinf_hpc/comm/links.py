@@ -21,6 +21,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlinf_hpc.comm.interfaces import pin_socket_interfaces
 from rlinf_hpc.comm.routing import GLOO, NCCL
 from rlinf_hpc.log import get_logger
 
@@ -100,6 +101,7 @@ class Link:
 
 def _make_group(backend: str, store: Any, rank: int, timeout: datetime.timedelta) -> Any:
     dist = _dist()
+    pin_socket_interfaces()
     if backend == GLOO:
         return dist.ProcessGroupGloo(store, rank, 2, timeout)
     if backend == NCCL:

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from rlinf_hpc.comm import GroupComm
+from rlinf_hpc.comm.interfaces import pin_socket_interfaces
 
 _store: Any = None
 
@@ -38,6 +39,7 @@ def init_group_process_group(
             )
         return True
     timeout = datetime.timedelta(seconds=timeout_s)
+    pin_socket_interfaces()
     _store = group.torch_store(timeout_s)
     backend = "nccl" if device.startswith("cuda") else "gloo"
     dist.init_process_group(backend, store=_store, rank=group.rank, world_size=group.size, timeout=timeout)
