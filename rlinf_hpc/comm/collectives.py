@@ -176,31 +176,33 @@ class Collectives:
         Each object's bulk bytes are posted first, then its description as a data-plane
         message in synchronous mode (its handle completes once the receiver has it). Every
         source's description is received at once, in whatever order they come, and each one's
-        bulk receives are posted as soon as it is in; then everything is waited for together.
-        The bulk wait polls, yielding the core while the bytes move: on shared memory MPI moves
-        a large message only while both sides poll, and a rank that waited inside MPI would
-        spin on a core the others need (measured: slower than polling at 8 ranks on 2 cores)."""
+        bulk receives are posted as soon as it is in; then everything is waited for together
+        (`_wait_bulk`). A rank that waited inside MPI would spin on a core the others need
+        (measured: slower than polling at 8 ranks on 2 cores)."""
         plane, bulk = self.plane, self._bulk
         tag = ("coll", key, number)
         options = plane.options
-        handles, requests = [], []
+        handles: list[WorkHandle] = []
+        sends: list[Any] = []  # bulk requests: MPI's, this rank's sends
+        receives: list[Any] = []  # ... and receives
         nbytes = 0
         for dst, obj in outgoing.items():
             piece = split(obj, options.inline_below, options.verify)
             if piece is None:  # large GPU leaves: the data plane's own routes
-                message: list[Any] = ["whole", obj]
+                message: Any = ("whole", obj)
             else:
-                message = piece.message
                 posted = bulk.post_send(piece, dst)
                 if posted:
-                    requests += posted
+                    sends += posted
                     nbytes += sum(len(view) for view in piece.bulk)
                     plane.keep_until_sent(posted, piece.bulk)
+                message = piece.wire()
             handles.append(plane.isend_synchronous((op, root, message), dst, tag))
         results: dict[int, Any] = {}
         landing: dict[int, Incoming] = {}
         pending = {src: plane.irecv(src, tag) for src in sources}
         start = time.monotonic()
+        # Each description that comes in starts copies on this rank: yield between polls here
         backoff = Backoff(spin=TRANSFER_SPIN_S)
         while pending:
             arrived = [src for src, handle in pending.items() if handle.done()]
@@ -210,7 +212,7 @@ class Collectives:
                     results[src] = message[1]
                     continue
                 incoming = landing[src] = bulk.post_recv(message, src)
-                requests += incoming.requests
+                receives += incoming.requests
                 nbytes += sum(len(view) for view in incoming.views)
             if arrived:
                 backoff.reset()
@@ -223,23 +225,43 @@ class Collectives:
                 handle.wait(None if timeout is None else max(0.0, start + timeout - time.monotonic()))
             except CommTimeoutError as exc:
                 raise self._timed_out(op, root, key, number, dst, exc) from None
-        if requests:  # every peer holds its descriptions: the bytes are moving
-            backoff = Backoff(initial=5e-6, maximum=1e-3, spin=TRANSFER_SPIN_S + nbytes / SPIN_BYTES_PER_S)
-            while not mpi().Request.Testall(requests):
-                if timeout is not None and time.monotonic() - start >= timeout:
-                    # A peer took our description in while waiting on something else and never
-                    # joined: our buffers stay with the data plane's ledger until MPI is done.
-                    for incoming in landing.values():
-                        incoming.cancel()
-                    raise CommTimeoutError(
-                        f"in {op} #{number} over ranks {list(key)} (root {root}): the bulk bytes "
-                        f"to or from ranks {sorted(set(outgoing) | set(landing))} did not move within "
-                        f"{timeout:.1f} s; did every member call {op} with the same members?"
-                    )
-                backoff.sleep()
+        # every peer holds its descriptions: the bytes are moving
+        stalled = self._wait_bulk(receives, sends, nbytes, None if timeout is None else start + timeout)
+        if stalled:
+            # A peer took our description in while waiting on something else and never
+            # joined: our buffers stay with the data plane's ledger until MPI is done.
+            for incoming in landing.values():
+                incoming.cancel()
+            raise CommTimeoutError(
+                f"in {op} #{number} over ranks {list(key)} (root {root}): the bulk bytes "
+                f"to or from ranks {sorted(set(outgoing) | set(landing))} did not move within "
+                f"{timeout:.1f} s; did every member call {op} with the same members?"
+            )
         for src, incoming in landing.items():
             results[src] = incoming.result(plane.device, plane.directory.name_of(src))
         return results
+
+    @staticmethod
+    def _wait_bulk(receives: list[Any], sends: list[Any], nbytes: int, deadline: float | None) -> bool:
+        """Wait for the bulk bytes; True if the deadline passed first.
+
+        Until this rank's own receives are in, it yields the core between polls (MPI moves
+        bytes while it polls). Once only its sends remain, the peers do the copying (MPICH's
+        shared-memory transfers of large messages read the sender's memory from the receiver),
+        so this rank sleeps and leaves the cores to them. Measured at 8 ranks on 2 cores,
+        gather of 4 MB each: 0.98-1.15x MPI's Gatherv when every waiter yields, 1.55-1.70x
+        when the senders sleep."""
+        MPI = mpi()
+        spin = TRANSFER_SPIN_S + nbytes / SPIN_BYTES_PER_S
+        for requests, backoff in (
+            (receives, Backoff(initial=5e-6, maximum=1e-3, spin=spin)),
+            (sends, _sleeping_backoff()),
+        ):
+            while requests and not MPI.Request.Testall(requests):
+                if deadline is not None and time.monotonic() >= deadline:
+                    return True
+                backoff.sleep()
+        return False
 
     def _give_up(
         self, op: str, root: int, key: tuple[int, ...], number: int, pending: dict[int, WorkHandle]
@@ -253,6 +275,11 @@ class Collectives:
                 errors.append(self._timed_out(op, root, key, number, src, exc))
         if errors:
             raise errors[0]
+
+
+def _sleeping_backoff() -> Backoff:
+    """Polls that sleep from the start (5 us, doubling to 1 ms): for waits on work other ranks do."""
+    return Backoff(initial=5e-6, maximum=1e-3)
 
 
 def tree_parent(relative: int) -> int:
