@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from rlinf_hpc.comm.packing import allocate_leaf, leaf_nodes, pack, unpack
+from rlinf_hpc.comm.buffers import allocate_leaf
+from rlinf_hpc.comm.packing import leaf_nodes, pack, unpack
 
 Pair = namedtuple("Pair", ["left", "right"])
 

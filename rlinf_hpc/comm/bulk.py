@@ -26,8 +26,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlinf_hpc.comm import wire
+from rlinf_hpc.comm.buffers import allocate_leaf, leaf_from_bytes
 from rlinf_hpc.comm.mpi import mpi
-from rlinf_hpc.comm.packing import allocate_leaf, leaf_from_bytes, leaf_nodes, pack, unpack
+from rlinf_hpc.comm.packing import leaf_nodes, pack, unpack
 
 #: MPI counts are C ints: larger leaves travel as several messages of at most this size.
 _BLOCK = 1 << 30

@@ -15,9 +15,10 @@ from typing import Any
 import numpy as np
 
 from rlinf_hpc.comm import wire
+from rlinf_hpc.comm.buffers import allocate_leaf, leaf_from_bytes
 from rlinf_hpc.comm.links import Links
 from rlinf_hpc.comm.mpi import mpi
-from rlinf_hpc.comm.packing import Leaf, allocate_leaf, leaf_from_bytes, leaf_nbytes, leaf_nodes, unpack
+from rlinf_hpc.comm.packing import Leaf, leaf_nbytes, leaf_nodes, unpack
 from rlinf_hpc.comm.routing import HOST, INLINE, LINK_ROUTES, NCCL
 from rlinf_hpc.comm.tiny import TinyDecoder
 
