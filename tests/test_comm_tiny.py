@@ -60,6 +60,13 @@ def test_what_does_not_qualify_takes_the_general_path(obj: object) -> None:
     assert tiny.TinyEncoder(limit=64 << 10).envelope(obj, 0) is None
 
 
+def test_a_tag_pickle_refuses_leaves_the_error_to_the_general_path() -> None:
+    import threading
+
+    lock = threading.Lock()  # hashable, not picklable
+    assert tiny.TinyEncoder(limit=1024).envelope(torch.ones(2), lock) is None
+
+
 def test_the_receiver_caches_only_plain_leaves() -> None:
     decoder = tiny.TinyDecoder()
     for obj in (torch.ones(3, requires_grad=True), torch.nn.Parameter(torch.ones(2)), {"x": 1}, 7):

@@ -79,11 +79,16 @@ class TinyEncoder:
             return None
         if head is None:
             head = self._head(obj, tag, key)
+            if head is None:  # a tag pickle refuses: the general path names what is wrong
+                return None
         return b"".join((head, data))  # one copy; MPI sends from read-only bytes
 
-    def _head(self, obj: Any, tag: Any, key: tuple) -> bytes:
+    def _head(self, obj: Any, tag: Any, key: tuple) -> bytes | None:
         description, _ = pack(obj)
-        head = bytes(wire.encode(("S", tag, description, True, 0)))  # raises if tag won't pickle
+        try:
+            head = bytes(wire.encode(("S", tag, description, True, 0)))
+        except Exception:  # noqa: BLE001 - pickle raises many types
+            return None
         if len(self._heads) >= _CACHE_MAX:
             self._heads.clear()
         self._heads[key] = head
