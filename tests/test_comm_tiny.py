@@ -36,9 +36,11 @@ def test_cached_envelopes_equal_the_general_path(obj: object, tag: object) -> No
     encoder = tiny.TinyEncoder(limit=64 << 10)
     first, second = encoder.envelope(obj, tag), encoder.envelope(obj, tag)  # built, then cached
     assert first == second == general_envelope(obj, tag)
-    decoded = tiny.TinyDecoder().decode(bytearray(first))
-    assert decoded is not None and decoded[0] == tag
-    assert bytes(decoded[2]) == b"".join(bytes(leaf.host_bytes()) for leaf in pack(obj)[1])
+    decoder = tiny.TinyDecoder()
+    for _ in range(2):  # decoded, then from the cache
+        header, tail, is_tiny = decoder.decode(bytearray(first))
+        assert is_tiny and header == wire.decode(bytearray(first))[0] and header[1] == tag
+        assert bytes(tail) == b"".join(bytes(leaf.host_bytes()) for leaf in pack(obj)[1])
 
 
 @pytest.mark.parametrize(
@@ -70,9 +72,16 @@ def test_a_tag_pickle_refuses_leaves_the_error_to_the_general_path() -> None:
 def test_the_receiver_caches_only_plain_leaves() -> None:
     decoder = tiny.TinyDecoder()
     for obj in (torch.ones(3, requires_grad=True), torch.nn.Parameter(torch.ones(2)), {"x": 1}, 7):
-        assert decoder.decode(bytearray(general_envelope(obj, 0))) is None
+        envelope = bytearray(general_envelope(obj, 0))
+        header, _, is_tiny = decoder.decode(envelope)
+        assert not is_tiny and header == wire.decode(envelope)[0]
+    assert not decoder._known
     # integrity mode: checksummed envelopes are always decoded (and checked) the general way
-    assert decoder.decode(bytearray(general_envelope(torch.ones(2), 0, checksum=True))) is None
+    envelope = bytearray(general_envelope(torch.ones(2), 0, checksum=True))
+    assert decoder.decode(envelope)[2] is False and not decoder._known
+    envelope[-1] ^= 0xFF  # a torn payload byte: the checksum catches it
+    with pytest.raises(wire.CorruptMessageError, match="checksum"):
+        decoder.decode(envelope)
 
 
 def test_caches_stay_bounded(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -200,8 +200,12 @@ class Inbox:
             self._accept_named(status.Get_source(), envelope)
 
     def _accept_named(self, rank: int, envelope: bytearray) -> None:
+        self._accept(rank, *self._decode(rank, envelope)[:2])
+
+    def _decode(self, rank: int, envelope: bytearray) -> tuple[Any, memoryview, bool]:
+        """`TinyDecoder.decode`, with the sender named if the envelope does not decode."""
         try:
-            self._accept(rank, envelope)
+            return self._tiny.decode(envelope)
         except wire.CorruptMessageError as error:
             raise wire.CorruptMessageError(f"message from {self._name_of(rank)}: {error}") from None
 
@@ -221,23 +225,13 @@ class Inbox:
             return NOTHING
         envelope = bytearray(status.Get_count(MPI.BYTE))
         message.Recv([envelope, MPI.BYTE])
-        try:
-            tiny = self._tiny.decode(envelope)
-        except wire.CorruptMessageError as error:
-            raise wire.CorruptMessageError(f"message from {self._name_of(rank)}: {error}") from None
-        if tiny is None or tiny[0] != tag:
-            self._accept_named(rank, envelope)
+        header, tail, tiny = self._decode(rank, envelope)
+        if not tiny or header[1] != tag:
+            self._accept(rank, header, tail)
             return MISSING
-        return leaf_from_bytes(tiny[1], tiny[2])
+        return leaf_from_bytes(header[2], tail)
 
-    def _accept(self, rank: int, envelope: bytearray) -> None:
-        tiny = self._tiny.decode(envelope)
-        if tiny is not None:  # one small tensor/array whose header was seen before
-            tag, node, tail = tiny
-            item = self._fill_inline(rank, tag, node, tail, 0)[0]
-            self._stash.setdefault((rank, tag), deque()).append(item)
-            return
-        header, tail = wire.decode(envelope)
+    def _accept(self, rank: int, header: Any, tail: memoryview) -> None:
         if header[0] == "M":
             offset = 0
             for blob in header[1]:

@@ -5,7 +5,7 @@ pickling its header, a send record and a handle on the sender, unpickling and re
 receiver cost several times what MPI itself needs for a kilobyte. Here the envelope's header (the
 exact bytes the general path would write: ``("S", tag, leaf node, inline, 0)``) is built once per
 (tag, dtype, shape) and reused, so a send is a lookup, one copy and the MPI call; the receiver
-keeps a matching cache from header bytes to (tag, leaf node), so nothing is unpickled either.
+keeps a matching cache from header bytes to decoded headers, so nothing is unpickled either.
 The wire format is unchanged: a receiver without the cache decodes these envelopes as any other.
 
 Only exact ``torch.Tensor`` (on CPU, contiguous, no autograd, a dtype numpy knows) and exact
@@ -18,8 +18,8 @@ Only exact ``torch.Tensor`` (on CPU, contiguous, no autograd, a dtype numpy know
 >>> header, tail = wire.decode(envelope)
 >>> header[:2], header[3], bytes(tail)
 (('S', 't'), True, b'\\x00\\x00\\x01\\x00\\x02\\x00')
->>> decoder.decode(envelope)[0], decoder.decode(envelope)[0]  # the second one from the cache
-('t', 't')
+>>> decoder.decode(envelope)[2], decoder.decode(envelope)[0][1]  # the second one from the cache
+(True, 't')
 """
 
 from __future__ import annotations
@@ -96,30 +96,34 @@ class TinyEncoder:
 
 
 class TinyDecoder:
-    """Header bytes -> (tag, leaf node) for envelopes that hold one inline leaf (receiver side)."""
+    """Envelopes decoded, with a cache for those that hold one plain inline leaf (receiver side)."""
 
     def __init__(self) -> None:
-        self._known: dict[bytes, tuple[Any, tuple]] = {}
+        self._known: dict[bytes, tuple] = {}
 
-    def decode(self, envelope: bytearray | bytes) -> tuple[Any, tuple, memoryview] | None:
-        """(tag, leaf node, payload view) of a one-leaf inline envelope, else None (decode it
-        the general way). Only unchecked headers are looked up: integrity mode checks every
-        message."""
-        (length,) = _WORD.unpack_from(envelope, 0)  # the checksum flag is the top bit: never small
-        if length > _HEADER_MAX or len(envelope) < _WORD.size + length:
-            return None
-        view = memoryview(envelope)
-        end = _WORD.size + length
-        key = bytes(view[_WORD.size : end])
-        known = self._known.get(key)
-        if known is None:
-            header, _ = wire.decode(envelope)
+    def decode(self, envelope: bytearray | bytes) -> tuple[Any, memoryview, bool]:
+        """``(header, payload tail, tiny)`` of any envelope (as `wire.decode`, which raises
+        `CorruptMessageError`). ``tiny``: the header is ``("S", tag, node, True, 0)`` with one
+        plain tensor/array leaf; such headers come from a cache keyed by their bytes, so a
+        repeated one is never unpickled. Checksummed envelopes (integrity mode) are always
+        decoded and checked by `wire.decode`: their length word has its top bit set."""
+        (length,) = _WORD.unpack_from(envelope, 0)
+        if length <= _HEADER_MAX and len(envelope) >= _WORD.size + length:
+            view = memoryview(envelope)
+            end = _WORD.size + length
+            key = bytes(view[_WORD.size : end])
+            known = self._known.get(key)
+            if known is not None:
+                return known, view[end:], True
+            header, tail = wire.decode(envelope)
             if not _one_inline_leaf(header):
-                return None
+                return header, tail, False
             if len(self._known) >= _CACHE_MAX:
                 self._known.clear()
-            known = self._known[key] = (header[1], header[2])
-        return known[0], known[1], view[end:]
+            self._known[key] = header
+            return header, tail, True
+        header, tail = wire.decode(envelope)
+        return header, tail, False
 
 
 def _one_inline_leaf(header: Any) -> bool:
