@@ -109,11 +109,15 @@ def test_channel_specs_resolve_ranks_and_check_weights() -> None:
                     "producers": ["coordinator", "actor"],
                     "consumers": "rollout",
                     "consumer_weights": [1, 2],
+                    "offload_above": 0.8,
+                    "lineage": "rollout.0",
                 }
             },
         }
     )
     spec = channel_specs(config.channels, {"rollout": [1, 2], "actor": [3]})["x"]
     assert (spec.producers, spec.consumers, spec.consumer_weights) == ((0, 3), (1, 2), (1.0, 2.0))
+    # every setting reaches the ranks (offload_above was dropped here before)
+    assert (spec.offload_above, spec.lineage) == (0.8, "rollout.0")
     with pytest.raises(UserError, match="consumer_weights has 2 entries but the channel has 3"):
         channel_specs(config.channels, {"rollout": [1, 2, 4], "actor": [3]})

@@ -26,6 +26,7 @@ Usage, on a worker (the channel is declared under ``[channels.NAME]`` in the con
 from __future__ import annotations
 
 import time
+import weakref
 from collections import Counter, deque
 from typing import Any
 
@@ -40,6 +41,12 @@ __all__ = ["Channel", "ChannelFull", "EndOfStream", "LostItemsError"]
 
 #: How long a retiring producer waits for acknowledgements still on the way.
 RETIRE_GRACE_S = 5.0
+
+#: Consumer rates this rank's producers measured, per data plane and channel lineage: a new
+#: channel of a lineage (a pipeline stream, one per step) starts from them. Without them every
+#: step's stream assumed every consumer as fast as the fastest until its first acknowledgement,
+#: and a short stream (a few micro-batches) was spread as if the consumers were equal.
+_LEARNT: weakref.WeakKeyDictionary[DataPlane, dict[str, dict[int, float]]] = weakref.WeakKeyDictionary()
 
 
 class LostItemsError(RuntimeError):
@@ -64,6 +71,10 @@ class Channel(ProducerSide, ConsumerSide):
         if hasattr(self._policy, "producer_rank"):
             self._policy.producer_rank = plane.rank
         self._views: dict[int, ConsumerView] = {}
+        lineage = self._spec.lineage
+        self._learnt: dict[int, float] = (
+            {} if lineage is None else _LEARNT.setdefault(plane, {}).setdefault(lineage, {})
+        )
         self._outstanding: dict[int, tuple[int, float]] = {}
         self._key_owner: dict[Any, int] = {}
         self._next_id = 0
@@ -108,7 +119,7 @@ class Channel(ProducerSide, ConsumerSide):
         shares = spec.consumer_weights or (1.0,) * len(spec.consumers)
         views = {}
         for index, (rank, share) in enumerate(zip(spec.consumers, shares, strict=True)):
-            view = self._views.get(rank) or ConsumerView(index, rank)
+            view = self._views.get(rank) or ConsumerView(index, rank, rate=self._learnt.get(rank))
             view.index, view.share = index, share
             views[rank] = view
         self._views = views

@@ -27,6 +27,7 @@ class ProducerSide:
 
     _policy: LoadBalancePolicy
     _views: dict[int, ConsumerView]
+    _learnt: dict[int, float]
     _outstanding: dict[int, tuple[int, float]]
     _key_owner: dict[Any, int]
     _next_id: int
@@ -168,7 +169,7 @@ class ProducerSide:
         if served_by is not None:
             served_by.waited_s = max(served_by.waited_s, waited)
             if rate:
-                served_by.rate = rate
+                served_by.rate = self._learnt[acker] = rate
 
     def close(self) -> None:
         """This producer is done: every consumer gets end-of-stream after its last item."""

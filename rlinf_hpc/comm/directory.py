@@ -25,6 +25,8 @@ class ChannelSpec:
     consumer_weights: tuple[float, ...] | None = None
     #: Consumers move queued items to host memory when device memory use passes this fraction.
     offload_above: float | None = None
+    #: Channels of one lineage share their producers' measured consumer rates (see `Channel`).
+    lineage: str | None = None
 
 
 @dataclass(frozen=True)

@@ -132,6 +132,12 @@ class ChannelConfig(_Section):
         description="On GPU consumers: when device memory in use passes this fraction of the "
         "device, queued items move to host memory (`prefetch` brings them back). Default: never.",
     )
+    lineage: str | None = Field(
+        None,
+        description="Channels of one lineage share what their producers learn of each consumer's "
+        "speed: a new channel starts from the rates the last one measured instead of assuming "
+        "every consumer as fast as the fastest (pipelines name each stage's per-step streams so).",
+    )
 
     @field_validator("producers", "consumers", mode="before")
     @classmethod

@@ -155,6 +155,7 @@ class Pipeline:
                 "consumers": stage.component,
                 "policy": "local_first" if waits_on_rank else config.balance,
                 "capacity": UNBOUNDED if waits_on_rank else config.capacity,
+                "lineage": f"{self.name}.{index}",  # rates learnt in one step serve the next
             }
             earlier |= consumers
         return specs

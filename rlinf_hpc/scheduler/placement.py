@@ -222,6 +222,8 @@ def channel_specs(
             channel.policy,
             channel.capacity,
             None if weights is None else tuple(weights),
+            channel.offload_above,
+            channel.lineage,
         )
     return specs
 

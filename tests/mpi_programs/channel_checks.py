@@ -275,6 +275,38 @@ def check_lost_items_are_reported(size: int) -> None:
     plane.set_directory(empty)  # "clean" was drained: no error
 
 
+def check_rates_carry_over_a_lineage(size: int) -> None:
+    """A producer learns consumer rates on one channel of a lineage; the next channel of that
+    lineage starts from them (a channel of another lineage, or none, does not)."""
+    consumers = tuple(range(1, size))
+    specs = {
+        name: ChannelSpec(name, (0,), consumers, "performance_aware", 64, lineage=lineage)
+        for name, lineage in (("gen1", "gen"), ("gen2", "gen"), ("solo", None))
+    }
+    plane = DataPlane(Directory(groups={"consumer": list(consumers)}, world_size=size, channels=specs))
+    first = Channel(plane, "gen1")
+    if plane.rank == 0:
+        for i in range(20 * len(consumers)):
+            first.put(i, weight=1.0, timeout=30)
+        first.close()
+    else:
+        while True:
+            try:
+                first.get(timeout=60)
+            except EndOfStream:
+                break
+            time.sleep(1e-3 * plane.rank)  # consumer r takes r ms an item
+    world().Barrier()
+    if plane.rank == 0:
+        first._take_acks()
+        learnt = {rank: view.rate for rank, view in first._views.items()}
+        assert all(learnt.values()), learnt
+        assert learnt[1] > 1.5 * learnt[size - 1], learnt  # the fastest measured as faster
+        second = Channel(plane, "gen2")
+        assert {rank: view.rate for rank, view in second._views.items()} == learnt
+        assert all(view.rate is None for view in Channel(plane, "solo")._views.values())
+
+
 def main() -> int:
     comm = world()
     size = comm.Get_size()
@@ -299,6 +331,7 @@ def main() -> int:
         ("local_and_async", lambda: check_local_and_async(plane, size)),
         ("bad_input", lambda: check_bad_input(plane, size)),
         ("lost_items_are_reported", lambda: check_lost_items_are_reported(size)),
+        ("rates_carry_over_a_lineage", lambda: check_rates_carry_over_a_lineage(size)),
     ]
     return run_checks(checks, "ALL CHANNEL CHECKS OK", "CHANNEL_CHECKS")
 
