@@ -44,23 +44,6 @@ def test_performance_aware_picks_earliest_finish_and_tries_unmeasured() -> None:
     assert PerformanceAware().select_consumer(ItemInfo(weight=1.0), unmeasured) == 1
 
 
-def test_performance_aware_keeps_an_item_ready_only_at_fast_consumers() -> None:
-    # the fast consumer has done more work, but nothing is queued there: it gets the next item
-    # ahead of time instead of idling for a round trip once it finishes its current one
-    fast_empty = views(
-        {"served_weight": 10.0, "rate": 1.0},
-        {"served_weight": 2.0, "queued_items": 1, "queued_weight": 1.0, "rate": 0.5},
-    )
-    assert PerformanceAware().select_consumer(ItemInfo(weight=1.0), fast_empty) == 0
-    # a consumer 10x slower is never served ahead of the balance: an item queued behind it
-    # would lengthen the stream's tail by a whole slow item
-    slow_empty = views(
-        {"served_weight": 10.0, "queued_items": 1, "queued_weight": 1.0, "rate": 1.0},
-        {"served_weight": 1.5, "rate": 0.1},
-    )
-    assert PerformanceAware().select_consumer(ItemInfo(weight=1.0), slow_empty) == 0  # 12 s < 25 s
-
-
 def test_invalid_policy_answers_are_caught() -> None:
     class Bad(LoadBalancePolicy):
         def select_consumer(self, item: ItemInfo, consumers: list[ConsumerView]) -> int:

@@ -16,6 +16,9 @@ Outside an MPI job it starts its own 5 ranks with the venv's mpiexec: rank 0 pro
 * ``imbalance_heterogeneous`` / ``makespan_heterogeneous_vs_ideal``: performance_aware with
   consumers 1x, 2x, 5x, 10x slower, Pareto-like item weights, at capacities 4, 8 and 64; the
   worst imbalance and the worst makespan / ideal (total work / total speed) over them.
+* ``short_*`` (raw figures, not gated): the same consumers at capacity 8, streams of ``--items``
+  / 5 items right after a stream of ``--items`` on a channel of the same lineage (rates known
+  from the start) and on fresh channels (rates learnt from the first acknowledgements).
 """
 
 from __future__ import annotations
@@ -239,6 +242,45 @@ def bench_heterogeneous(comm: object, count: int) -> dict[str, object]:
     return out
 
 
+def bench_short_streams(comm: object, count: int) -> dict[str, float]:
+    """Short heterogeneous streams with and without consumer rates carried over (lineage)."""
+    import numpy as np
+
+    from rlinf_hpc.channel import Channel
+    from rlinf_hpc.comm import ChannelSpec, DataPlane, Directory
+
+    size = comm.Get_size()
+    consumers = tuple(range(1, size))
+    runs = [("learn", "short"), ("lineage", "short"), ("lineage", "short"), ("fresh", None), ("fresh", None)]
+    specs = {
+        f"{kind}{i}": ChannelSpec(f"{kind}{i}", (0,), consumers, "performance_aware", 8, lineage=lineage)
+        for i, (kind, lineage) in enumerate(runs)
+    }
+    plane = DataPlane(Directory(groups={"consumers": list(consumers)}, world_size=size, channels=specs))
+    rng = np.random.default_rng(2)
+    long = np.minimum(rng.pareto(2.0, size=count) + 1.0, 20.0)
+    short = np.minimum(rng.pareto(2.0, size=max(count // 5, 4 * len(consumers))) + 1.0, 20.0)
+    ideal = float(short.sum()) * UNIT_S / sum(1.0 / f for f in HETERO_FACTORS)
+    figures: dict[str, list[tuple[float, float]]] = {"lineage": [], "fresh": []}
+    for name, (kind, _) in zip(specs, runs, strict=True):
+        channel = Channel(plane, name)
+        sleeping_barrier(comm)
+        start = time.perf_counter()
+        busy = run_weighted_load(channel, plane.rank, long if kind == "learn" else short, HETERO_FACTORS)
+        sleeping_barrier(comm)
+        makespan = time.perf_counter() - start
+        busy_all = comm.gather(busy, root=0)
+        if plane.rank == 0 and kind != "learn":
+            ranks = busy_all[1:]
+            figures[kind].append((makespan / ideal, (max(ranks) - min(ranks)) / statistics.mean(ranks)))
+    out: dict[str, float] = {}
+    for kind, pairs in figures.items():
+        if pairs:
+            out[f"short_{kind}_makespan_vs_ideal"] = statistics.mean(p[0] for p in pairs)
+            out[f"short_{kind}_imbalance"] = statistics.mean(p[1] for p in pairs)
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -258,6 +300,7 @@ def main() -> int:
     raw = bench_item16mb(plane, comm, 16) | bench_small_items(plane, comm, 20_000)
     raw |= bench_imbalance(plane, comm, args.items)
     raw |= bench_heterogeneous(comm, args.items)
+    raw |= bench_short_streams(comm, args.items)
     if plane.rank != 0:
         return 0
     ratios = {

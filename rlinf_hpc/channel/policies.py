@@ -76,10 +76,6 @@ class ShortestQueue(LoadBalancePolicy):
         return min(consumers, key=lambda c: (c.queued_weight, c.queued_items, c.index)).index
 
 
-#: `PerformanceAware` keeps an item ready at consumers at most this many times slower than the fastest.
-PREFETCH_SPEED = 2.0
-
-
 class PerformanceAware(LoadBalancePolicy):
     """The consumer whose total work from this producer, in seconds at its measured rate,
     stays smallest with this item: (served + queued + weight) / rate.
@@ -89,17 +85,15 @@ class PerformanceAware(LoadBalancePolicy):
     consumer 10x slower than the rest (its one item always "finishes later"), which starves it
     for the whole run; this rule gives every consumer work in proportion to its speed.
     Consumers without a measured rate yet are assumed as fast as the fastest known one, so
-    every consumer is tried early and measured.
+    every consumer is tried early and measured (channels of one lineage start from the rates
+    the last one measured).
 
-    A consumer acknowledges an item when it takes it, so balancing cumulative time alone hands
-    each consumer its next item just as it finishes the last: every item waits a round trip
-    (acknowledgement, choice, transfer), which idles the fast consumers most. So a consumer at
-    most ``PREFETCH_SPEED`` times slower than the fastest, with nothing queued, is served first:
-    it keeps one item ready. Slower consumers are not: a round trip is a small part of their
-    items, and an item queued behind one of them lengthens the stream's tail by a whole slow
-    item (measured, tools/bench_channel.py, consumers 1/2/5/10x: capacity 4 makespan 1.29-1.41
-    -> 1.20-1.23 of ideal, capacity 8 1.20-1.25 -> 1.16; prefetching for every consumer gave
-    1.17-1.19 but busy-time imbalance 0.11-0.15 instead of <= 0.08).
+    Consumers acknowledge an item when they take it, so this rule hands a consumer its next
+    item about when it finishes the last one, and at small capacities each item waits a round
+    trip. Serving fast consumers with an empty queue first hides that (capacity 4, consumers
+    1/2/5/10x: makespan 1.29-1.41 -> 1.20-1.23 of ideal) but lets them run ahead of the
+    balance: busy-time imbalance 0.07-0.26 run to run on a loaded box (0.05-0.08 without it),
+    so it is not done (tools/bench_channel.py, BENCHMARKS.md).
 
     >>> fast = ConsumerView(0, 1, queued_items=1, queued_weight=1.0, served_weight=8.0, rate=1.0)
     >>> slow = ConsumerView(1, 2, queued_items=1, queued_weight=0.5, rate=0.1)
@@ -108,9 +102,6 @@ class PerformanceAware(LoadBalancePolicy):
     >>> fast.served_weight = 20.0
     >>> PerformanceAware().select_consumer(ItemInfo(weight=1.0), [fast, slow])  # fast: 22 s > 15 s
     1
-    >>> fast.queued_items, fast.queued_weight = 0, 0.0
-    >>> PerformanceAware().select_consumer(ItemInfo(weight=1.0), [fast, slow])  # fast has nothing ready
-    0
     """
 
     def select_consumer(self, item: ItemInfo, consumers: list[ConsumerView]) -> int:
@@ -120,10 +111,7 @@ class PerformanceAware(LoadBalancePolicy):
         def busy_s(c: ConsumerView) -> tuple[float, int]:
             return ((c.served_weight + c.queued_weight + item.weight) / (c.rate or default), c.index)
 
-        ready = [
-            c for c in consumers if not c.queued_items and (c.rate or default) * PREFETCH_SPEED >= default
-        ]
-        return min(ready or consumers, key=busy_s).index
+        return min(consumers, key=busy_s).index
 
 
 class LocalFirst(LoadBalancePolicy):
