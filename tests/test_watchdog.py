@@ -147,10 +147,18 @@ def test_a_killed_rank_is_named_not_just_a_pid(tmp_path: Path, victim: int, name
     out = _finish(proc, 30.0)
     assert time.monotonic() - killed < 5.0
     assert f"rank {victim} ({name}) on {os.uname().nodename}, pid {pids[victim]}, died" in out, out
+    # named alone, or -- when its exit and the launcher's kills were seen in one wake-up -- among
+    # the exits of that instant, never replaced by another rank
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["outcome"] == "rank died" and summary["culprit"]["rank"] == victim, summary
+    culprit = summary["culprit"]
+    named = [culprit["rank"], *[c["rank"] for c in culprit.get("simultaneous", [])]]
+    assert summary["outcome"] == "rank died" and victim in named, summary
+    if victim != culprit["rank"]:
+        assert "any of them may have been first" in out, out
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
-    assert events[-1]["event"] == "rank_died" and events[-1]["culprit"]["component"] == name
+    died = events[-1]["culprit"]
+    assert events[-1]["event"] == "rank_died"
+    assert name in [died["component"], *[c["component"] for c in died.get("simultaneous", [])]]
     assert not survivors(pids, grace=5.0)
 
 

@@ -202,6 +202,8 @@ def record_culprit(run_dir: Path, problem: dict[str, Any]) -> None:
         culprit={"rank": problem["rank"], "component": record.get("roles"), "host": record.get("host"),
                  "error": problem["kind"], "activity": record.get("activity")},
     )  # fmt: skip
+    if problem.get("simultaneous"):  # [{rank, component}] of exits seen together with this one
+        summary["culprit"]["simultaneous"] = problem["simultaneous"]
     tmp = path.with_name(".summary.json.watchdog")
     tmp.write_text(json.dumps(summary, indent=2), encoding="utf-8")
     tmp.replace(path)
