@@ -18,6 +18,7 @@ def node(monkeypatch: pytest.MonkeyPatch):
     for name in interfaces.VARIABLES:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(interfaces, "_interfaces", lambda: ADDRESSES)
+    interfaces.host_interface.cache_clear()  # looked up once per process
 
     def resolve_to(address: str | None) -> None:
         def gethostbyname(host: str) -> str:
@@ -27,7 +28,8 @@ def node(monkeypatch: pytest.MonkeyPatch):
 
         monkeypatch.setattr(interfaces.socket, "gethostbyname", gethostbyname)
 
-    return resolve_to
+    yield resolve_to
+    interfaces.host_interface.cache_clear()  # the faked node's answer must not outlive the test
 
 
 def test_both_variables_follow_the_host_names_interface(node, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,5 +1,6 @@
-"""Where received leaves land: fresh host buffers of the final dtype and shape, or small
-leaves rebuilt from the bytes they arrived in. The layout of leaves is `packing`'s."""
+"""Where received leaves land: fresh host buffers of the final dtype and shape, the caller's
+``out=`` buffers when they fit, or small leaves rebuilt from the bytes they arrived in. The
+layout of leaves is `packing`'s."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from rlinf_hpc.comm.packing import import_torch, leaf_nbytes
+from rlinf_hpc.comm.packing import Leaf, import_torch, leaf_nbytes
 
 #: Receive buffers at least this large are allocated through numpy (see `allocate_leaf`).
 LARGE_ALLOCATION = 1 << 20
@@ -80,3 +81,46 @@ def leaf_from_bytes(node: tuple, data: memoryview) -> Any:
     torch = import_torch()
     tensor = torch.frombuffer(bytearray(data), dtype=getattr(torch, node[2]))
     return tensor if len(shape) == 1 else tensor.reshape(shape)  # reshape costs more than the copy
+
+
+def _signature(kind: str, dtype: str, shape: tuple[int, ...]) -> str:
+    return f"{'tensor' if kind == 'T' else 'array'} {dtype} {tuple(shape)}"
+
+
+def out_mismatch(nodes: list[tuple], out_leaves: list[Leaf]) -> str | None:
+    """Why a message with leaf ``nodes`` does not fit ``out_leaves``; None when it does."""
+    if len(nodes) != len(out_leaves):
+        return f"the message has {len(nodes)} tensor/array leaves, out= has {len(out_leaves)}"
+    for index, (node, leaf) in enumerate(zip(nodes, out_leaves, strict=True)):
+        if leaf.kind == "B" or node[0] == "B":
+            return f"leaf {index} is bytes, which cannot be received in place"
+        want = _signature(node[0], np.dtype(node[2]).str if node[0] == "A" else node[2], node[3])
+        value = leaf.value
+        dtype = value.dtype.str if leaf.kind == "A" else str(value.dtype).removeprefix("torch.")
+        have = _signature(leaf.kind, dtype, tuple(value.shape))
+        if want != have:
+            return f"leaf {index}: the message has {want}, out= has {have}"
+    return None
+
+
+def writable_view(leaf: Leaf) -> memoryview | None:
+    """A byte view straight into an out= buffer, when it can be written in place."""
+    value = leaf.value
+    if leaf.kind == "T":
+        if value.device.type != "cpu" or not value.is_contiguous():
+            return None
+        if value.numel() == 0:
+            return memoryview(bytearray(0))
+        import torch
+
+        return memoryview(value.detach().reshape(-1).view(torch.uint8).numpy())
+    if leaf.kind == "A" and value.flags.c_contiguous and value.flags.writeable:
+        return memoryview(value.reshape(-1).view(np.uint8))
+    return None
+
+
+def copy_leaf(leaf: Leaf, value: Any) -> None:
+    if leaf.kind == "T":
+        leaf.value.copy_(value)
+    else:
+        leaf.value[...] = value

@@ -12,10 +12,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 from rlinf_hpc.comm import wire
-from rlinf_hpc.comm.buffers import allocate_leaf, leaf_from_bytes
+from rlinf_hpc.comm.buffers import allocate_leaf, copy_leaf, leaf_from_bytes, out_mismatch, writable_view
 from rlinf_hpc.comm.links import Links
 from rlinf_hpc.comm.mpi import mpi
 from rlinf_hpc.comm.packing import Leaf, leaf_nbytes, leaf_nodes, unpack
@@ -84,49 +82,6 @@ class Waiter:
         self.withdrawn = False
 
 
-def _signature(kind: str, dtype: str, shape: tuple[int, ...]) -> str:
-    return f"{'tensor' if kind == 'T' else 'array'} {dtype} {tuple(shape)}"
-
-
-def out_mismatch(nodes: list[tuple], out_leaves: list[Leaf]) -> str | None:
-    """Why a message with leaf ``nodes`` does not fit ``out_leaves``; None when it does."""
-    if len(nodes) != len(out_leaves):
-        return f"the message has {len(nodes)} tensor/array leaves, out= has {len(out_leaves)}"
-    for index, (node, leaf) in enumerate(zip(nodes, out_leaves, strict=True)):
-        if leaf.kind == "B" or node[0] == "B":
-            return f"leaf {index} is bytes, which cannot be received in place"
-        want = _signature(node[0], np.dtype(node[2]).str if node[0] == "A" else node[2], node[3])
-        value = leaf.value
-        dtype = value.dtype.str if leaf.kind == "A" else str(value.dtype).removeprefix("torch.")
-        have = _signature(leaf.kind, dtype, tuple(value.shape))
-        if want != have:
-            return f"leaf {index}: the message has {want}, out= has {have}"
-    return None
-
-
-def _writable_view(leaf: Leaf) -> memoryview | None:
-    """A byte view straight into an out= buffer, when it can be written in place."""
-    value = leaf.value
-    if leaf.kind == "T":
-        if value.device.type != "cpu" or not value.is_contiguous():
-            return None
-        if value.numel() == 0:
-            return memoryview(bytearray(0))
-        import torch
-
-        return memoryview(value.detach().reshape(-1).view(torch.uint8).numpy())
-    if leaf.kind == "A" and value.flags.c_contiguous and value.flags.writeable:
-        return memoryview(value.reshape(-1).view(np.uint8))
-    return None
-
-
-def _copy_leaf(leaf: Leaf, value: Any) -> None:
-    if leaf.kind == "T":
-        leaf.value.copy_(value)
-    else:
-        leaf.value[...] = value
-
-
 class Inbox:
     """Per-rank receive state over the data communicator."""
 
@@ -189,18 +144,20 @@ class Inbox:
         self._pull_envelopes(mpi().ANY_SOURCE)
 
     def _pull_envelopes(self, source: int) -> None:
-        MPI = mpi()
-        while True:
-            status = MPI.Status()
-            message = self._comm.Improbe(source, self._envelope_tag, status)
-            if message is None:
-                return
-            envelope = bytearray(status.Get_count(MPI.BYTE))
-            message.Recv([envelope, MPI.BYTE])
-            self._accept_named(status.Get_source(), envelope)
+        while (arrived := self._next_envelope(source)) is not None:
+            rank, envelope = arrived
+            self._accept(rank, *self._decode(rank, envelope)[:2])
 
-    def _accept_named(self, rank: int, envelope: bytearray) -> None:
-        self._accept(rank, *self._decode(rank, envelope)[:2])
+    def _next_envelope(self, source: int) -> tuple[int, bytearray] | None:
+        """(sender, bytes) of the next envelope from ``source`` MPI has here, or None."""
+        MPI = mpi()
+        status = MPI.Status()
+        message = self._comm.Improbe(source, self._envelope_tag, status)
+        if message is None:
+            return None
+        envelope = bytearray(status.Get_count(MPI.BYTE))
+        message.Recv([envelope, MPI.BYTE])
+        return status.Get_source(), envelope
 
     def _decode(self, rank: int, envelope: bytearray) -> tuple[Any, memoryview, bool]:
         """`TinyDecoder.decode`, with the sender named if the envelope does not decode."""
@@ -213,19 +170,15 @@ class Inbox:
         """The value of the next message from (rank, tag) if it is a tiny tensor/array (see
         `tiny`) that MPI has here and nothing is stashed or posted before it; else `MISSING`
         (whatever arrived instead is taken in the general way), or `NOTHING` when no envelope
-        from ``rank`` is here at all. The receive fast path of a
-        blocking `recv`: no message record, no stash, nothing unpickled."""
+        from ``rank`` is here at all. The receive fast path of a blocking `recv`: no message
+        record, no stash, nothing unpickled."""
         key = (rank, tag)
         if key in self._waiting or self._stash.get(key):
             return MISSING
-        MPI = mpi()
-        status = MPI.Status()
-        message = self._comm.Improbe(rank, self._envelope_tag, status)
-        if message is None:
+        arrived = self._next_envelope(rank)
+        if arrived is None:
             return NOTHING
-        envelope = bytearray(status.Get_count(MPI.BYTE))
-        message.Recv([envelope, MPI.BYTE])
-        header, tail, tiny = self._decode(rank, envelope)
+        header, tail, tiny = self._decode(rank, arrived[1])
         if not tiny or header[1] != tag:
             self._accept(rank, header, tail)
             return MISSING
@@ -314,7 +267,7 @@ class Inbox:
                 and waiter.out_leaves is not None
                 and out_mismatch(nodes, waiter.out_leaves) is None
             ):
-                views = [_writable_view(leaf) for leaf in waiter.out_leaves]
+                views = [writable_view(leaf) for leaf in waiter.out_leaves]
                 if all(view is not None for view in views):
                     pairs = zip(waiter.out_leaves, views, strict=True)
                     self._received_in_place += 1
@@ -355,7 +308,7 @@ class Inbox:
                     f"{item.tag!r}) that does not fit out=: {problem}"
                 )
             for leaf, value in zip(out_leaves, values, strict=True):
-                _copy_leaf(leaf, value)
+                copy_leaf(leaf, value)
             values = [leaf.value for leaf in out_leaves]
         elif out_leaves is None and device != "cpu":
             values = [v.to(device) if n[0] == "T" else v for v, n in zip(values, nodes, strict=True)]

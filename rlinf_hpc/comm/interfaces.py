@@ -19,6 +19,7 @@ True
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import logging
 import os
@@ -57,20 +58,27 @@ def pin_socket_interfaces() -> dict[str, str]:
     """Set the variables the user left unset to the host name's interface; returns what this
     call set (nothing when the host name does not resolve to an address of this node's)."""
     missing = [name for name in VARIABLES if not os.environ.get(name)]
-    if not missing:
+    interface = host_interface() if missing else None
+    if interface is None:
         return {}
+    for name in missing:
+        os.environ[name] = interface
+    return dict.fromkeys(missing, interface)
+
+
+@functools.cache
+def host_interface() -> str | None:
+    """The non-loopback interface holding the host name's address, or None (looked up once per
+    process: every new gloo/NCCL group asks, and a name lookup may wait on DNS)."""
     host = socket.gethostname()
     try:
         address = socket.gethostbyname(host)
     except OSError:
         log.info("host name %s does not resolve: gloo/NCCL choose their own interfaces", host)
-        return {}
+        return None
     if ipaddress.ip_address(address).is_loopback:
-        return {}
+        return None
     interface = address_interface(address, _interfaces())
     if interface is None:
         log.info("no interface of this node holds %s (%s): gloo/NCCL choose their own", address, host)
-        return {}
-    for name in missing:
-        os.environ[name] = interface
-    return dict.fromkeys(missing, interface)
+    return interface
