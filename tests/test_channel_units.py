@@ -44,6 +44,29 @@ def test_performance_aware_picks_earliest_finish_and_tries_unmeasured() -> None:
     assert PerformanceAware().select_consumer(ItemInfo(weight=1.0), unmeasured) == 1
 
 
+def test_performance_aware_balances_reported_busy_time_not_served_weight() -> None:
+    # Both served 100 units; at today's rate estimate consumer 0 would look 10 s ahead, but it
+    # reported 100 s busy like consumer 1: what it holds decides (1 + 1 s vs 2 + 1 s).
+    consumers = views(
+        {"busy_s": 100.0, "served_weight": 100.0, "taken_weight": 1.0, "rate": 1.0},
+        {"busy_s": 100.0, "served_weight": 100.0, "taken_weight": 2.0, "rate": 1.0},
+    )
+    consumers[0].rate = 1.1  # its estimate moved
+    assert PerformanceAware().select_consumer(ItemInfo(weight=1.0), consumers) == 0
+    consumers[0].busy_s = 102.0  # it really was busier
+    assert PerformanceAware().select_consumer(ItemInfo(weight=1.0), consumers) == 1
+
+
+def test_performance_aware_gives_an_unmeasured_consumer_one_item_at_a_time() -> None:
+    # Unmeasured and holding an item: however cheap it looks at the assumed rate, it waits
+    # for its first report (a slow consumer hoarding the capacity at the start was the bug).
+    holding = views({"busy_s": 5.0, "rate": 1.0}, {"taken_weight": 1.0})
+    assert PerformanceAware().select_consumer(ItemInfo(weight=1.0), holding) == 0
+    # Everyone unmeasured and busy (the start of a wide channel): still an answer, balanced.
+    start = views({"taken_weight": 2.0}, {"taken_weight": 1.0})
+    assert PerformanceAware().select_consumer(ItemInfo(weight=1.0), start) == 1
+
+
 def test_invalid_policy_answers_are_caught() -> None:
     class Bad(LoadBalancePolicy):
         def select_consumer(self, item: ItemInfo, consumers: list[ConsumerView]) -> int:

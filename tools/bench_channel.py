@@ -41,9 +41,8 @@ REQUIRED = {
 #: Heterogeneous load: consumers 1x, 2x, 5x, 10x slower than the fastest, Pareto item weights
 #: (shape 2, scale 1, capped at 20), performance_aware at every capacity listed.
 HETERO_FACTORS = [1.0, 2.0, 5.0, 10.0]
-#: Reported against its bound but not failing the run yet (see BENCHMARKS.md): at capacity 4
-#: and 8 the window of items in flight, not the choice of consumer, bounds the makespan.
-NOT_YET_MET = {"makespan_heterogeneous_vs_ideal"}
+#: Reported against its bound but not failing the run yet (see BENCHMARKS.md).
+NOT_YET_MET: set[str] = set()
 HETERO_CAPACITIES = [4, 8, 64]
 FACTORS = [1.0, 1.0, 2.0, 4.0]
 UNIT_S = 1e-3

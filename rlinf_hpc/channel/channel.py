@@ -90,6 +90,9 @@ class Channel(ProducerSide, ConsumerSide):
         self._last_ack_flush = time.monotonic()
         self._busy_since: float | None = None
         self._pending_weight = 0.0
+        self._pending_by_producer: dict[int, float] = {}
+        self._busy_by_producer: dict[int, float] = {}
+        self._unrated_reports: set[int] = set()
         self._rate: float | None = None
         self._served_items = 0
         self._served_weight = 0.0
@@ -252,6 +255,7 @@ class Channel(ProducerSide, ConsumerSide):
                     "queued_weight": v.queued_weight,
                     "served_items": v.served_items,
                     "served_weight": v.served_weight,
+                    "busy_s": v.busy_s,
                     "rate": v.rate,
                 }
                 for v in sorted(self._views.values(), key=lambda v: v.index)

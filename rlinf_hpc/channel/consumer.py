@@ -42,6 +42,12 @@ class ConsumerSide:
     _last_ack_flush: float
     _busy_since: float | None
     _pending_weight: float
+    #: Weight of what this rank took last, per producer (it is working on it now), and the busy
+    #: seconds it spent on each producer's items it has finished (told in acknowledgements).
+    _pending_by_producer: dict[int, float]
+    _busy_by_producer: dict[int, float]
+    #: Producers whose last acknowledgement from here carried no rate yet.
+    _unrated_reports: set[int]
     _rate: float | None
     _served_items: int
     _served_weight: float
@@ -73,9 +79,8 @@ class ConsumerSide:
             if remaining is None or remaining > 0:
                 more = None if max_items is None else max_items - 1
                 taken += self._take(more, remaining, key)
+        self._start_busy(taken)
         self._acknowledge(taken)
-        self._busy_since = time.monotonic()
-        self._pending_weight = sum(r.weight for r in taken)
         return [r.value for r in taken]
 
     def get_async(
@@ -113,11 +118,13 @@ class ConsumerSide:
             slot, max_items, target_weight, key = self._pending_gets[0]
             taken = self._take(max_items, target_weight, key)
             if taken:
+                self._start_busy(taken)
                 self._acknowledge(taken)
                 slot.append([r.value for r in taken])
             elif self._finished():
                 slot.append(EndOfStream(f"channel '{self.name}' is closed by every producer"))
             else:
+                self._report_idle()
                 self._flush_acks(force=True)
                 return
             self._pending_gets.popleft()
@@ -157,8 +164,20 @@ class ConsumerSide:
                 f"'{self.name}' (consumers: ranks {list(self._spec.consumers)})"
             )
 
+    def _start_busy(self, taken: list[_Received]) -> None:
+        """This rank works on ``taken`` from now until its next get."""
+        self._end_busy()  # an earlier async get's items count as done
+        self._busy_since = time.monotonic()
+        self._pending_weight = 0.0
+        self._pending_by_producer = {}
+        for received in taken:
+            self._pending_weight += received.weight
+            pending = self._pending_by_producer.get(received.producer, 0.0)
+            self._pending_by_producer[received.producer] = pending + received.weight
+
     def _end_busy(self) -> None:
-        """The time since the last get returned was spent processing: update the rate."""
+        """The time since the last get returned was spent processing: update the rate, and
+        charge that time to the producers of what was taken (in proportion to weight)."""
         if self._busy_since is None:
             return
         busy = time.monotonic() - self._busy_since
@@ -166,6 +185,11 @@ class ConsumerSide:
         if busy > 0 and self._pending_weight > 0:
             rate = self._pending_weight / busy
             self._rate = rate if self._rate is None else 0.7 * self._rate + 0.3 * rate
+            for producer, weight in self._pending_by_producer.items():
+                spent = self._busy_by_producer.get(producer, 0.0)
+                self._busy_by_producer[producer] = spent + busy * weight / self._pending_weight
+        self._pending_weight = 0.0
+        self._pending_by_producer = {}
 
     def _receive_available(self, sources: set[int] | None = None) -> bool:
         got = False
@@ -215,6 +239,7 @@ class ConsumerSide:
 
     def _wait_for_item(self, key: Any, timeout: float | None) -> _Received:
         start = time.monotonic()
+        self._report_idle()
         self._flush_acks(force=True)
         self.plane.flush()
         backoff = Backoff(spin=1e-3)
@@ -244,19 +269,42 @@ class ConsumerSide:
             self._served_items += 1
             self._served_weight += received.weight
             self._acks.setdefault(received.producer, []).append(received.item_id)
-        # Nothing left here: the producers must learn now that there is room, or this rank
-        # idles after the batch it just took (acks held for coalescing cost a whole item).
-        self._flush_acks(force=not self._queue)
+        # Acknowledgements are held (and coalesced) only while this rank will be back for more
+        # within the flush interval. Nothing left here: the producers must learn now that there
+        # is room, or this rank idles after the batch it just took. A batch expected to take
+        # longer than the interval: a held acknowledgement would keep the producer's room (and
+        # its view of this rank) stale for all that time while other consumers run dry.
+        expected_s = self._pending_weight / self._rate if self._rate else float("inf")
+        self._flush_acks(force=not self._queue or expected_s >= ACK_FLUSH_S)
+
+    def _report_idle(self) -> None:
+        """Out of items: a producer that last heard no rate from here gives this rank no
+        second item until it does, so tell it (rate, busy time, nothing in hand) once there is
+        one; without it a consumer still unmeasured after its first item never got another."""
+        if self._rate is not None:
+            for producer in self._unrated_reports:
+                self._acks.setdefault(producer, [])
 
     def _flush_acks(self, force: bool) -> None:
         now = time.monotonic()
         if not self._acks or (not force and now - self._last_ack_flush < ACK_FLUSH_S):
             return
         for producer, item_ids in self._acks.items():
+            ack = (
+                item_ids,
+                self._rate,
+                self._get_wait_s,
+                self._busy_by_producer.get(producer, 0.0),
+                self._pending_by_producer.get(producer, 0.0),
+            )
+            if self._rate is None:
+                self._unrated_reports.add(producer)
+            else:
+                self._unrated_reports.discard(producer)
             if producer == self.plane.rank:
-                self._apply_ack(producer, (item_ids, self._rate, self._get_wait_s))
+                self._apply_ack(producer, ack)
                 continue
-            self.plane.isend((item_ids, self._rate, self._get_wait_s), producer, self._ack_tag)
+            self.plane.isend(ack, producer, self._ack_tag)
         self._acks = {}
         self._last_ack_flush = now
         self.plane.flush()

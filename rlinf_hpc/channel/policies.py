@@ -39,6 +39,10 @@ class ConsumerView:
     queued_weight: float = 0.0
     served_items: int = 0
     served_weight: float = 0.0
+    #: Busy seconds the consumer spent on the items from this producer it has finished, and the
+    #: weight of those it took last and is working on (both as of its last acknowledgement).
+    busy_s: float = 0.0
+    taken_weight: float = 0.0
     #: Weight the consumer processes per second of busy time (None until measured).
     rate: float | None = None
     #: Static share for weighted round-robin (``consumer_weights`` in the config).
@@ -77,30 +81,29 @@ class ShortestQueue(LoadBalancePolicy):
 
 
 class PerformanceAware(LoadBalancePolicy):
-    """The consumer whose total work from this producer, in seconds at its measured rate,
-    stays smallest with this item: (served + queued + weight) / rate.
+    """The consumer whose busy time on this producer's items stays smallest with this item:
+    the busy seconds it reported for the items it finished, plus what it holds (taken and
+    queued) and this item at its measured rate.
 
     Balancing cumulative busy time (not just the queue) matters when the channel's capacity is
     small against the speed differences: a queue-based finish-time rule then never picks a
     consumer 10x slower than the rest (its one item always "finishes later"), which starves it
-    for the whole run; this rule gives every consumer work in proportion to its speed.
-    Consumers without a measured rate yet are assumed as fast as the fastest known one, so
-    every consumer is tried early and measured (channels of one lineage start from the rates
-    the last one measured).
+    for the whole run; this rule gives every consumer work in proportion to its speed. The
+    busy seconds come from the consumers themselves: served weight over the current rate
+    estimate drifts as the estimate moves (fast consumers, whose per-item overhead shows in
+    their rate, looked "ahead" and idled; 1.2-1.4x the ideal makespan at capacity 4).
 
-    Consumers acknowledge an item when they take it, so this rule hands a consumer its next
-    item about when it finishes the last one, and at small capacities each item waits a round
-    trip. Serving fast consumers with an empty queue first hides that (capacity 4, consumers
-    1/2/5/10x: makespan 1.29-1.41 -> 1.20-1.23 of ideal) but lets them run ahead of the
-    balance: busy-time imbalance 0.07-0.26 run to run on a loaded box (0.05-0.08 without it),
-    so it is not done (tools/bench_channel.py, BENCHMARKS.md).
+    A consumer without a measured rate counts as fast as the fastest known one, so each is
+    tried early, but it gets no second item before it reports a rate: a slow consumer
+    otherwise hoards the channel's capacity with queued items at the start while the others
+    run dry. Channels of one lineage start from the rates the last one measured.
 
-    >>> fast = ConsumerView(0, 1, queued_items=1, queued_weight=1.0, served_weight=8.0, rate=1.0)
-    >>> slow = ConsumerView(1, 2, queued_items=1, queued_weight=0.5, rate=0.1)
-    >>> PerformanceAware().select_consumer(ItemInfo(weight=1.0), [fast, slow])  # slow: 15 s > 10 s
+    >>> fast = ConsumerView(0, 1, busy_s=8.0, queued_items=1, queued_weight=1.0, rate=1.0)
+    >>> slow = ConsumerView(1, 2, busy_s=5.0, queued_items=1, queued_weight=0.5, rate=0.1)
+    >>> PerformanceAware().select_consumer(ItemInfo(weight=1.0), [fast, slow])  # slow: 20 s > 10 s
     0
-    >>> fast.served_weight = 20.0
-    >>> PerformanceAware().select_consumer(ItemInfo(weight=1.0), [fast, slow])  # fast: 22 s > 15 s
+    >>> fast.busy_s = 20.0
+    >>> PerformanceAware().select_consumer(ItemInfo(weight=1.0), [fast, slow])  # fast: 22 s > 20 s
     1
     """
 
@@ -108,10 +111,12 @@ class PerformanceAware(LoadBalancePolicy):
         known = [c.rate for c in consumers if c.rate]
         default = max(known) if known else 1.0
 
-        def busy_s(c: ConsumerView) -> tuple[float, int]:
-            return ((c.served_weight + c.queued_weight + item.weight) / (c.rate or default), c.index)
+        def key(c: ConsumerView) -> tuple[bool, float, int]:
+            unmeasured_busy = not c.rate and (c.taken_weight > 0 or c.queued_items > 0)
+            work = c.busy_s + (c.taken_weight + c.queued_weight + item.weight) / (c.rate or default)
+            return unmeasured_busy, work, c.index
 
-        return min(consumers, key=busy_s).index
+        return min(consumers, key=key).index
 
 
 class LocalFirst(LoadBalancePolicy):

@@ -155,7 +155,7 @@ class ProducerSide:
         return got
 
     def _apply_ack(self, acker: int, ack: tuple) -> None:
-        item_ids, rate, waited = ack
+        item_ids, rate, waited, busy_s, working_weight = ack
         served_by = self._views.get(acker)
         for item_id in item_ids:
             assigned, weight = self._outstanding.pop(item_id, (None, 0.0))
@@ -168,6 +168,8 @@ class ProducerSide:
                 served_by.served_weight += weight
         if served_by is not None:
             served_by.waited_s = max(served_by.waited_s, waited)
+            served_by.busy_s = max(served_by.busy_s, busy_s)
+            served_by.taken_weight = working_weight
             if rate:
                 served_by.rate = self._learnt[acker] = rate
 

@@ -307,6 +307,47 @@ def check_rates_carry_over_a_lineage(size: int) -> None:
         assert all(view.rate is None for view in Channel(plane, "solo")._views.values())
 
 
+def check_unequal_consumers_share_a_small_capacity(size: int) -> None:
+    """performance_aware at capacity = number of consumers, consumer r taking r^2 x 2 ms an
+    item: every consumer keeps getting work (none hoards the capacity while unmeasured, none
+    is starved once measured) and the busy seconds they report to the producer agree with
+    their own clocks and are balanced."""
+    consumers = tuple(range(1, size))
+    spec = ChannelSpec("unequal", (0,), consumers, "performance_aware", len(consumers))
+    plane = DataPlane(
+        Directory(groups={"consumer": list(consumers)}, world_size=size, channels={"unequal": spec})
+    )
+    channel = Channel(plane, "unequal")
+    busy = 0.0
+    if plane.rank == 0:
+        for i in range(40 * len(consumers)):
+            channel.put(i, weight=1.0, timeout=60)
+        channel.close()
+    else:
+        while True:
+            try:
+                channel.get(timeout=60)
+            except EndOfStream:
+                break
+            started = time.monotonic()
+            time.sleep(2e-3 * plane.rank**2)
+            busy += time.monotonic() - started
+    own = world().gather(busy, root=0)
+    world().Barrier()
+    if plane.rank == 0:
+        channel._take_acks()
+        views = sorted(channel._views.values(), key=lambda v: v.rank)
+        served = [v.served_items for v in views]
+        assert min(served) >= 3 and sum(served) == 40 * len(consumers), served
+        reported = [v.busy_s for v in views]
+        spread = (max(own[1:]) - min(own[1:])) / (sum(own[1:]) / len(consumers))
+        assert spread < 0.5, (own, served)
+        # what a consumer reports trails its own clock by its last item (not reported after the
+        # end) and includes its own per-item overhead around the sleep
+        for view, mine in zip(views, own[1:], strict=True):
+            assert mine - 2 * 2e-3 * view.rank**2 <= view.busy_s <= 1.1 * mine + 2e-3, (reported, own)
+
+
 def main() -> int:
     comm = world()
     size = comm.Get_size()
@@ -332,6 +373,10 @@ def main() -> int:
         ("bad_input", lambda: check_bad_input(plane, size)),
         ("lost_items_are_reported", lambda: check_lost_items_are_reported(size)),
         ("rates_carry_over_a_lineage", lambda: check_rates_carry_over_a_lineage(size)),
+        (
+            "unequal_consumers_share_a_small_capacity",
+            lambda: check_unequal_consumers_share_a_small_capacity(size),
+        ),
     ]
     return run_checks(checks, "ALL CHANNEL CHECKS OK", "CHANNEL_CHECKS")
 
