@@ -4,9 +4,10 @@ A collective moves each member's object in two parts. Its *description* (the pac
 the small leaves' bytes, and a bulk tag) travels as an ordinary data-plane message, stamped with
 the operation, so that a missing member or a mismatched call is named exactly as for P2P. Its
 large host leaves travel as plain contiguous MPI messages from the leaves' own memory, one per
-leaf on the pair's bulk tag (MPI keeps their order), and the receiver posts every pair's
-receives at once, into buffers of the final dtype and shape, before it waits — the work MPI's
-own ``Alltoallv``/``Gatherv`` do, without first packing the leaves into one buffer.
+leaf on the pair's bulk tag (MPI keeps their order), posted once the receiver has taken the
+description in, and the receiver posts every pair's receives at once, into buffers of the final
+dtype and shape, before it waits — the work MPI's own ``Alltoallv``/``Gatherv`` do, without
+first packing the leaves into one buffer.
 
 Measured here (MPICH 5, 8 ranks): one ``hindexed`` datatype over all of a pair's leaves
 (``MPI.BOTTOM``) is far slower than contiguous messages — MPICH packs non-contiguous
@@ -83,15 +84,17 @@ class Bulk:
         tag_ub = self._comm.Get_attr(mpi().TAG_UB) or 32767
         self._tags = itertools.cycle(range(1, tag_ub))
 
+    def stamp(self, split: Split) -> bool:
+        """Give ``split.message`` a fresh bulk tag if it has bulk bytes; True if it does."""
+        if not any(len(view) for view in split.bulk):
+            return False
+        split.message[4] = next(self._tags)
+        return True
+
     def post_send(self, split: Split, dst: int) -> list[Any]:
-        """Stamp ``split.message`` with a fresh tag and post its bulk bytes to ``dst``; returns
-        the requests (none when there are no bulk bytes). Send the message after this."""
-        pieces = _pieces(split.bulk)
-        if not pieces:
-            return []
-        tag = next(self._tags)
-        split.message[4] = tag
-        return [self._comm.Isend([piece, mpi().BYTE], dst, tag) for piece in pieces]
+        """Post the bulk bytes of a `stamp`-ed ``split`` to ``dst``; returns the requests."""
+        tag = split.message[4]
+        return [self._comm.Isend([piece, mpi().BYTE], dst, tag) for piece in _pieces(split.bulk)]
 
     def post_recv(self, message: tuple[str, bytes], src: int) -> Incoming:
         """Allocate the object a description message (`Split.wire`) announces and post the receive of its

@@ -401,6 +401,32 @@ def check_bulk_timeout(plane: DataPlane, peer: int) -> None:
         assert got[0] is None and float(got[1].sum()) == 7.0 * 300_000, got
 
 
+def check_root_joins_after_member_gave_up(plane: DataPlane, peer: int) -> None:
+    """A gather member gives up before the root took its description in (the bulk bytes wait
+    for that); the root, joining later, still gets the whole object, and the member's timeout
+    names the root and the full time it waited."""
+    if plane.rank not in (0, peer):
+        return
+    members = [0, peer]
+    if plane.rank == peer:
+        start = time.monotonic()
+        try:
+            plane.gather(torch.full((300_000,), 3.0), 0, members, timeout=1.0)
+        except CommTimeoutError as exc:
+            assert "no answer after 1.0 s; did rank 0 (coordinator) call gather" in str(exc), str(exc)
+        else:
+            raise AssertionError("gather whose root never joined did not time out")
+        assert time.monotonic() - start < 5
+        plane.send("gave up", 0, tag="late-go", timeout=30)
+        assert plane.recv(0, tag="late-done", timeout=60) == "done"  # keep the bytes mapped
+    else:
+        time.sleep(2.0)  # not polling the data plane: the description stays with the sender
+        assert plane.recv(peer, tag="late-go", timeout=30) == "gave up"
+        got = plane.gather(None, 0, members, timeout=30)
+        assert got[0] is None and float(got[1].sum()) == 3.0 * 300_000, got
+        plane.send("done", peer, tag="late-done", timeout=30)
+
+
 def check_receive_into_out_buffers(plane: DataPlane, peer: int) -> None:
     message = {"step": 7, "w": torch.arange(1_000_000, dtype=torch.float32), "b": torch.arange(5)}
     if plane.rank == peer:
@@ -592,6 +618,7 @@ def main() -> int:
         ("timeout", lambda: check_timeout_names_both_sides(plane, peer)),
         ("collective_errors", lambda: check_collective_errors(plane, peer)),
         ("bulk_timeout", lambda: check_bulk_timeout(plane, peer)),
+        ("root_joins_after_member_gave_up", lambda: check_root_joins_after_member_gave_up(plane, peer)),
         ("receive_into_out", lambda: check_receive_into_out_buffers(plane, peer)),
         ("bad_input", lambda: check_bad_input(plane, peer, size)),
         ("hypothesis_ring", lambda: check_hypothesis_ring(plane, size)),
