@@ -65,13 +65,20 @@ class ConsumerSide:
         target_weight: float | None = None,
         key: Any = None,
         timeout: float | None = None,
+        add_to_last: bool = False,
     ) -> list[Any]:
         """At least one item, then as many as are here up to ``max_items`` items or until
-        their weights reach ``target_weight``."""
+        their weights reach ``target_weight``.
+
+        ``add_to_last=True``: these items complete the batch the last get returned (a micro-
+        batch filled in several gets), so the time since then was not spent processing. The
+        channel measures this rank's rate from the time between gets; counted as processing,
+        that instant would read as a huge rate and producers would flood this rank."""
         self._check_consumer()
         if max_items is None and target_weight is None:
             max_items = 1
-        self._end_busy()
+        if not add_to_last:
+            self._end_busy()
         taken = self._take(max_items, target_weight, key)
         if not taken:
             taken = [self._wait_for_item(key, timeout)]
@@ -79,7 +86,7 @@ class ConsumerSide:
             if remaining is None or remaining > 0:
                 more = None if max_items is None else max_items - 1
                 taken += self._take(more, remaining, key)
-        self._start_busy(taken)
+        self._start_busy(taken, add_to_last)
         self._acknowledge(taken)
         return [r.value for r in taken]
 
@@ -164,12 +171,14 @@ class ConsumerSide:
                 f"'{self.name}' (consumers: ranks {list(self._spec.consumers)})"
             )
 
-    def _start_busy(self, taken: list[_Received]) -> None:
-        """This rank works on ``taken`` from now until its next get."""
-        self._end_busy()  # an earlier async get's items count as done
+    def _start_busy(self, taken: list[_Received], add_to_last: bool = False) -> None:
+        """This rank works on ``taken`` (with what it took last, if ``add_to_last``) from now
+        until its next get."""
+        if not add_to_last:
+            self._end_busy()  # an earlier async get's items count as done
+            self._pending_weight = 0.0
+            self._pending_by_producer = {}
         self._busy_since = time.monotonic()
-        self._pending_weight = 0.0
-        self._pending_by_producer = {}
         for received in taken:
             self._pending_weight += received.weight
             pending = self._pending_by_producer.get(received.producer, 0.0)

@@ -72,7 +72,7 @@ def run_stage(worker: Worker, spec: StageSpec) -> dict[str, Any]:
             batch = source.get_batch(max_items=batching.size)
             full = not spec.elastic or batching.batch_bound  # wait for a full micro-batch
             while full and len(batch) < batching.size:
-                batch += source.get_batch(max_items=batching.size - len(batch))
+                batch += source.get_batch(max_items=batching.size - len(batch), add_to_last=True)
         except EndOfStream:
             ended = True
         if not batch:

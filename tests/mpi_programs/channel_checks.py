@@ -348,6 +348,36 @@ def check_unequal_consumers_share_a_small_capacity(size: int) -> None:
             assert mine - 2 * 2e-3 * view.rank**2 <= view.busy_s <= 1.1 * mine + 2e-3, (reported, own)
 
 
+def check_batch_filled_in_several_gets_measures_its_rate(size: int) -> None:
+    """A micro-batch filled in two gets (``add_to_last``) is timed from when it was complete:
+    4 items processed in 0.1 s read as ~40 items/s, not as the huge rate of the instant between
+    the two gets (which made producers flood a batch-bound stage)."""
+    spec = ChannelSpec("refill", (0,), (1,), "performance_aware", 16)
+    plane = DataPlane(Directory(groups={"consumer": [1]}, world_size=size, channels={"refill": spec}))
+    channel = Channel(plane, "refill")
+    if plane.rank == 0:
+        channel.put_batch([0, 1], timeout=30)
+        plane.send("two sent", 1, tag="refill-two", timeout=30)
+        assert plane.recv(1, tag="refill-partial", timeout=30) == "took two"
+        time.sleep(0.05)  # the consumer waits inside its second get meanwhile
+        channel.put_batch([2, 3, 4], timeout=30)
+        channel.close()
+    elif plane.rank == 1:
+        assert plane.recv(0, tag="refill-two", timeout=30) == "two sent"
+        batch = channel.get_batch(max_items=4, timeout=30)
+        assert batch == [0, 1], batch
+        plane.send("took two", 0, tag="refill-partial", timeout=30)
+        while len(batch) < 4:
+            batch += channel.get_batch(max_items=4 - len(batch), timeout=30, add_to_last=True)
+        assert batch == [0, 1, 2, 3], batch
+        time.sleep(0.1)  # processing the micro-batch
+        assert channel.get(timeout=30) == 4
+        rate = channel.stats()["rate"]
+        assert 25 < rate < 45, rate  # 4 items / 0.1 s
+        assert drain(channel) == []
+    world().Barrier()
+
+
 def main() -> int:
     comm = world()
     size = comm.Get_size()
@@ -376,6 +406,10 @@ def main() -> int:
         (
             "unequal_consumers_share_a_small_capacity",
             lambda: check_unequal_consumers_share_a_small_capacity(size),
+        ),
+        (
+            "batch_filled_in_several_gets_measures_its_rate",
+            lambda: check_batch_filled_in_several_gets_measures_its_rate(size),
         ),
     ]
     return run_checks(checks, "ALL CHANNEL CHECKS OK", "CHANNEL_CHECKS")
