@@ -65,6 +65,10 @@ def test_performance_aware_gives_an_unmeasured_consumer_one_item_at_a_time() -> 
     # Everyone unmeasured and busy (the start of a wide channel): still an answer, balanced.
     start = views({"taken_weight": 2.0}, {"taken_weight": 1.0})
     assert PerformanceAware().select_consumer(ItemInfo(weight=1.0), start) == 1
+    # Weightless items cost nothing anywhere: they are spread by queue length, not all sent
+    # to the first consumer.
+    weightless = views({"queued_items": 3}, {"queued_items": 1})
+    assert PerformanceAware().select_consumer(ItemInfo(weight=0.0), weightless) == 1
 
 
 def test_invalid_policy_answers_are_caught() -> None:

@@ -111,10 +111,10 @@ class PerformanceAware(LoadBalancePolicy):
         known = [c.rate for c in consumers if c.rate]
         default = max(known) if known else 1.0
 
-        def key(c: ConsumerView) -> tuple[bool, float, int]:
+        def key(c: ConsumerView) -> tuple[bool, float, int, int]:
             unmeasured_busy = not c.rate and (c.taken_weight > 0 or c.queued_items > 0)
             work = c.busy_s + (c.taken_weight + c.queued_weight + item.weight) / (c.rate or default)
-            return unmeasured_busy, work, c.index
+            return unmeasured_busy, work, c.queued_items, c.index  # weightless items: spread
 
         return min(consumers, key=key).index
 
