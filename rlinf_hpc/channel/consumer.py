@@ -86,7 +86,7 @@ class ConsumerSide:
             if remaining is None or remaining > 0:
                 more = None if max_items is None else max_items - 1
                 taken += self._take(more, remaining, key)
-        self._start_busy(taken, add_to_last)
+        self._start_busy(taken)
         self._acknowledge(taken)
         return [r.value for r in taken]
 
@@ -125,6 +125,7 @@ class ConsumerSide:
             slot, max_items, target_weight, key = self._pending_gets[0]
             taken = self._take(max_items, target_weight, key)
             if taken:
+                self._end_busy()  # the items of an earlier async get count as done
                 self._start_busy(taken)
                 self._acknowledge(taken)
                 slot.append([r.value for r in taken])
@@ -171,13 +172,9 @@ class ConsumerSide:
                 f"'{self.name}' (consumers: ranks {list(self._spec.consumers)})"
             )
 
-    def _start_busy(self, taken: list[_Received], add_to_last: bool = False) -> None:
-        """This rank works on ``taken`` (with what it took last, if ``add_to_last``) from now
-        until its next get."""
-        if not add_to_last:
-            self._end_busy()  # an earlier async get's items count as done
-            self._pending_weight = 0.0
-            self._pending_by_producer = {}
+    def _start_busy(self, taken: list[_Received]) -> None:
+        """This rank works on ``taken`` (and on what it took last unless `_end_busy` closed
+        that) from now until its next get."""
         self._busy_since = time.monotonic()
         for received in taken:
             self._pending_weight += received.weight

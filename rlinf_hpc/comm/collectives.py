@@ -185,7 +185,7 @@ class Collectives:
         plane, bulk = self.plane, self._bulk
         tag = ("coll", key, number)
         options = plane.options
-        handles: list[WorkHandle] = []
+        handles: dict[int, WorkHandle] = {}  # dst -> its description's send
         sends: list[Any] = []  # bulk requests: MPI's, this rank's sends
         receives: list[Any] = []  # ... and receives
         nbytes = 0
@@ -199,12 +199,11 @@ class Collectives:
                     staged[dst] = piece
                     nbytes += sum(len(view) for view in piece.bulk)
                 message = piece.wire()
-            handles.append(plane.isend_synchronous((op, root, message), dst, tag))
-        send_handles = dict(zip(outgoing, handles, strict=True))
+            handles[dst] = plane.isend_synchronous((op, root, message), dst, tag)
 
         def post_staged(every: bool = False) -> bool:
             posted_any = False
-            for dst in [d for d in staged if every or send_handles[d].done()]:
+            for dst in [d for d in staged if every or handles[d].done()]:
                 piece = staged.pop(dst)
                 posted = bulk.post_send(piece, dst)
                 sends.extend(posted)
@@ -236,7 +235,7 @@ class Collectives:
                     post_staged(every=True)  # see below
                     self._give_up(op, root, key, number, pending)
                 backoff.sleep()
-        for dst, handle in zip(outgoing, handles, strict=True):
+        for dst, handle in handles.items():
             try:
                 handle.wait(None if timeout is None else max(0.0, start + timeout - time.monotonic()))
             except CommTimeoutError as exc:
