@@ -36,6 +36,52 @@ def test_generation_waits_on_its_longest_response_and_batches_pay() -> None:
     assert 0.03 < sum(n >= PROFILE.long[0] for n in lengths) / len(lengths) < 0.07  # the 5% tail
 
 
+class _Feed:
+    """What `Feed` gives an engine, without a channel: ``arrivals[i]`` more items become
+    available at the engine's i-th take."""
+
+    def __init__(self, items: list[dict], arrivals: list[int]) -> None:
+        self.items, self.arrivals, self.ended = list(items), list(arrivals), False
+        self.available = 0
+
+    def take(self, max_items: int, wait: bool = False) -> list[dict]:
+        self.available += self.arrivals.pop(0) if self.arrivals else 0
+        count = min(max_items, self.available, len(self.items))
+        out, self.items = self.items[:count], self.items[count:]
+        self.available -= count
+        self.ended = not self.items
+        return out
+
+
+def _engine(lengths: list[int], arrivals: list[int]) -> tuple[object, list[list[dict]]]:
+    from rlinf_hpc.apps.emulated.workers import EmulatedStage
+
+    stage = EmulatedStage.__new__(EmulatedStage)  # no job: the profile and a tiny time scale
+    stage.profile, stage.cost, stage.scale, stage._in_work = PROFILE, PROFILE.stages["rollout"], 1e-6, 0
+    stage._reset()
+    feed = _Feed([{"uid": i, "length": n} for i, n in enumerate(lengths)], arrivals)
+    return stage, list(stage.engine(feed))
+
+
+def test_engine_costs_what_a_generate_call_costs_and_streams_in_order_of_length() -> None:
+    """The continuous engine, given the whole batch at once, charges exactly the micro-batch
+    model's time (greedy slots = requests joining as slots free) and yields each response
+    when done; fed in pieces, requests join the running batch."""
+    lengths = PROFILE.lengths(random.Random(3), 3 * PROFILE.slots + 5)
+    stage, chunks = _engine(lengths, [len(lengths)])
+    assert stage._slept == pytest.approx(PROFILE.rollout_seconds(lengths))
+    done = [item["length"] for chunk in chunks for item in chunk]
+    assert sorted(done) == sorted(lengths) and done[0] == min(lengths[: PROFILE.slots])
+    assert stage._useful == pytest.approx(PROFILE.decode_step_s * sum(lengths) / PROFILE.slots)
+    # the same work arriving in two halves: the second half joins the running batch, so the
+    # whole costs far less than two separate generate calls of a half each
+    half = len(lengths) // 2
+    stage, chunks = _engine(lengths, [half] + [0] * 10 + [len(lengths) - half])
+    apart = PROFILE.rollout_seconds(lengths[:half]) + PROFILE.rollout_seconds(lengths[half:])
+    assert sum(len(c) for c in chunks) == len(lengths)
+    assert stage._slept < 0.9 * apart
+
+
 def test_memory_bound_is_the_seeds_rule() -> None:
     assert PROFILE.max_micro_batch("rollout") == micro_batch_bound(80e9, 14e9, 0.06e9) == 330
     assert PROFILE.max_micro_batch("reward") is None  # a CPU stage: no device memory to bound
@@ -59,9 +105,12 @@ def _emulated_args(run: Path, samples: int, *extra: str) -> list[str]:
     return args + [x for item in sets for x in ("--set", item)]
 
 
-def test_emulated_job_streams_responses_and_reports_idle_and_predictions(tmp_path: Path) -> None:
+@pytest.mark.parametrize("continuous", [True, False], ids=["engine", "micro-batched"])
+def test_emulated_job_streams_responses_and_reports_idle_and_predictions(
+    tmp_path: Path, continuous: bool
+) -> None:
     run = tmp_path / "run"
-    result = rlinf(*_emulated_args(run, 256), timeout=240)
+    result = rlinf(*_emulated_args(run, 256, f"emulation.continuous_generation={str(continuous).lower()}"), timeout=240)
     assert result.returncode == 0, result.output
     assert "EMULATION (sleep-costed stages" in result.output
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -70,7 +119,8 @@ def test_emulated_job_streams_responses_and_reports_idle_and_predictions(tmp_pat
         assert 0 < r["idle_fraction"] < 1 and r["coordinator_busy_fraction"] < 0.5 and r["weight_sync_s"] > 0
     assert "predicted_step_s" not in records[0] and records[2]["predicted_step_s"] > 0
     spans = [json.loads(line) for line in (run / "timeline.jsonl").read_text().splitlines()]
-    first_rollout = min((s for s in spans if s["name"] == "rollout.process"), key=lambda s: s["start"])
+    method = "engine" if continuous else "process"
+    first_rollout = min((s for s in spans if s["name"] == f"rollout.{method}"), key=lambda s: s["start"])
     first_reward = min(s["start"] for s in spans if s["name"] == "reward.process")
     assert first_reward < first_rollout["end"]  # streamed: scored before its batch was done
 

@@ -74,3 +74,54 @@ def test_host_memory_fraction_reads_meminfo(tmp_path) -> None:
     assert host_memory_fraction(meminfo) == pytest.approx(0.75)
     assert host_memory_fraction(tmp_path / "missing") == 0.0
     assert 0.0 < host_memory_fraction() < 1.0
+
+
+class _Source:
+    """A channel's consumer side for `Feed`: items in the order given, then the end."""
+
+    def __init__(self, items: list[int]) -> None:
+        self.items = list(items)
+
+    def get_batch(self, max_items: int, block: bool = True) -> list[int]:
+        from rlinf_hpc.channel import EndOfStream
+
+        if not self.items:
+            raise EndOfStream("closed")
+        out, self.items = self.items[:max_items], self.items[max_items:]
+        return out
+
+
+class _Engine:
+    component = "rollout"
+    comm = SimpleNamespace(span_hook=None)
+
+    def __init__(self, slots: int) -> None:
+        self.slots = slots
+
+    def generate(self, feed):
+        """Admit up to ``slots`` at a time; each admitted item is done after one round."""
+        while not feed.ended:
+            batch = feed.take(self.slots, wait=True)
+            if batch:
+                yield [x * 10 for x in batch]
+
+    def quits_early(self, feed):
+        yield feed.take(1)
+
+    def not_a_generator(self, feed):
+        return feed.take(5)
+
+
+def test_continuous_stage_admits_as_it_has_room_and_must_take_everything() -> None:
+    from rlinf_hpc.scheduler.protocol import StageSpec
+    from rlinf_hpc.workers.continuous import run_continuous
+
+    engine, out = _Engine(slots=3), []
+    spec = StageSpec("generate", "in", "out", continuous=True)
+    ran = run_continuous(engine, spec, engine.generate, _Source(list(range(7))), out.extend)
+    assert out == [0, 10, 20, 30, 40, 50, 60] and ran["items"] == 7 and ran["micro_batches"] == [7]
+    assert ran["busy_s"] >= 0 and ran["wait_s"] >= 0
+    with pytest.raises(RuntimeError, match="returned before its input ended \\(1 items taken\\)"):
+        run_continuous(engine, spec, engine.quits_early, _Source([1, 2]), out.extend)
+    with pytest.raises(TypeError, match="_Engine.generate runs as a continuous stage, so it must be a generator"):
+        run_continuous(engine, spec, engine.not_a_generator, _Source([1, 2]), out.extend)

@@ -66,9 +66,11 @@ class ConsumerSide:
         key: Any = None,
         timeout: float | None = None,
         add_to_last: bool = False,
+        block: bool = True,
     ) -> list[Any]:
         """At least one item, then as many as are here up to ``max_items`` items or until
-        their weights reach ``target_weight``.
+        their weights reach ``target_weight``. ``block=False``: what is here now, possibly
+        nothing (an engine admitting requests into free slots between its steps).
 
         ``add_to_last=True``: these items complete the batch the last get returned (a micro-
         batch filled in several gets), so the time since then was not spent processing. The
@@ -80,6 +82,12 @@ class ConsumerSide:
         if not add_to_last:
             self._end_busy()
         taken = self._take(max_items, target_weight, key)
+        if not taken and not block:
+            if self._finished():
+                raise EndOfStream(f"channel '{self.name}' is closed by every producer")
+            self._report_idle()
+            self._flush_acks(force=True)
+            return []
         if not taken:
             taken = [self._wait_for_item(key, timeout)]
             remaining = None if target_weight is None else target_weight - taken[0].weight

@@ -99,12 +99,12 @@ class ElasticBatching:
 
     @property
     def batch_bound(self) -> bool:
-        """Whether smaller micro-batches were found to cost more per item (or a larger one is
-        being tried): such a stage should wait for full micro-batches, since a short one costs
-        nearly as much as a full one."""
-        return (
-            self._k["floor"] > self.minimum or self._k["trial"] is not None and self._k["trial"] < self.size
-        )
+        """Whether smaller micro-batches were found to cost more per item: such a stage should
+        wait for full micro-batches, since a short one costs nearly as much as a full one.
+        A larger size merely on trial does not count: a last stage trying it while several
+        ranks share its stream held the items it waited for (up to the end of the stream),
+        while the others took the rest one by one."""
+        return self._k["floor"] > self.minimum
 
     def _ratio(self, a: int, b: int) -> float | None:
         """Per-item time at size ``a`` over that at ``b`` (None: one of them not measured)."""

@@ -57,6 +57,7 @@ class Stage:
     method: str
     finish: str | None = None
     weight_key: str | None = None
+    continuous: bool = False
 
 
 @dataclass
@@ -90,10 +91,19 @@ class Pipeline:
         self.micro_batch_bounds: dict[str, int] = {}
 
     def stage(
-        self, component: str, method: str, finish: str | None = None, weight_key: str | None = None
+        self,
+        component: str,
+        method: str,
+        finish: str | None = None,
+        weight_key: str | None = None,
+        continuous: bool = False,
     ) -> Pipeline:
         """Append a stage: ``component``'s ``method(batch) -> outputs`` on every micro-batch;
-        ``finish()`` once after its input ended (its value lands in `StepResult.finished`)."""
+        ``finish()`` once after its input ended (its value lands in `StepResult.finished`).
+        ``continuous=True``: ``method(feed)`` once per step, a generator admitting items from
+        the feed as it has room (a generation engine's continuous batching, whose long tail is
+        then paid once per step instead of once per micro-batch); its input is balanced by
+        queue (items wait at the producer's side until some engine has room for them)."""
         if component not in self.coordinator.placement.groups:
             raise KeyError(
                 f"pipeline '{self.name}': no component '{component}'; the job has "
@@ -101,7 +111,7 @@ class Pipeline:
             )
         if any(s.component == component for s in self.stages):
             raise ValueError(f"pipeline '{self.name}': component '{component}' is a stage already")
-        self.stages.append(Stage(component, method, finish, weight_key))
+        self.stages.append(Stage(component, method, finish, weight_key, continuous))
         return self
 
     @property
@@ -150,10 +160,12 @@ class Pipeline:
             consumers = set(placement.ranks_of(stage.component))
             producer = "coordinator" if index == 0 else self.stages[index - 1].component
             waits_on_rank = bool(consumers & earlier)  # its ranks run an earlier stage first
+            # an engine takes what it has room for: no per-item rate, its queue says it all
+            balance = "shortest_queue" if stage.continuous else config.balance
             specs[names[index]] = {
                 "producers": producer,
                 "consumers": stage.component,
-                "policy": "local_first" if waits_on_rank else config.balance,
+                "policy": "local_first" if waits_on_rank else balance,
                 "capacity": UNBOUNDED if waits_on_rank else config.capacity,
                 "lineage": f"{self.name}.{index}",  # rates learnt in one step serve the next
             }
@@ -192,6 +204,7 @@ class Pipeline:
                 config.memory_threshold,
                 stage.weight_key,
                 index + 1 < len(names) and specs[names[index + 1]]["policy"] != "local_first",
+                stage.continuous,
             )
             futures.append(coordinator.group(stage.component).call("run_stage", spec.as_dict()))
         return futures

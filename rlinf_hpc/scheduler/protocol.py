@@ -136,6 +136,9 @@ class StageSpec:
     #: Whether the next stage runs on other ranks at the same time (its waiting on this one is
     #: latency worth shrinking for); False when it shares ranks and can only start after this.
     downstream_apart: bool = True
+    #: Run ``method(feed)`` once per step, admitting items as it has room (an engine with its
+    #: own continuous batching; `rlinf_hpc.workers.continuous`), instead of per micro-batch.
+    continuous: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -14,18 +14,22 @@ smaller), as a fixed-micro-batch pipeline does, and so is the micro-batch of an 
 found batch-bound (a short one would cost it nearly as much as a full one). The controller's
 per-size costs live on the worker from step to step; the memory per sample of each micro-batch
 is measured on CUDA ranks (`Worker.sample_memory`, for ``auto``'s bound). Each micro-batch is a
-timeline span.
+timeline span. A stage declared ``continuous`` runs its method once per step on a `Feed` it
+admits items from as it has room (`rlinf_hpc.workers.continuous`): an engine with its own
+scheduler, no micro-batches.
 """
 
 from __future__ import annotations
 
 import inspect
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from rlinf_hpc.channel import EndOfStream
+from rlinf_hpc.channel import Channel, EndOfStream
 from rlinf_hpc.scheduler.elastic import ElasticBatching
 from rlinf_hpc.scheduler.protocol import StageSpec
+from rlinf_hpc.workers.continuous import run_continuous
 
 if TYPE_CHECKING:
     from rlinf_hpc.workers.base import Worker
@@ -46,6 +50,43 @@ def run_stage(worker: Worker, spec: StageSpec) -> dict[str, Any]:
         raise AttributeError(f"{name} has no public method '{spec.method}' to run as a stage")
     source = worker.channel(spec.source)
     sink = worker.channel(spec.sink) if spec.sink else None
+    outputs: list[Any] = []
+
+    def put(chunk: list[Any]) -> None:
+        if sink is not None:
+            sink.put_batch(chunk, [_weight(x, spec.weight_key) for x in chunk])
+        else:
+            outputs.extend(chunk)
+
+    if spec.continuous:
+        ran = run_continuous(worker, spec, method, source, put)
+    else:
+        ran = _run_micro_batches(worker, spec, method, source, sink, put)
+    if sink is not None:
+        sink.close()
+    finish_started = time.monotonic()
+    finished = getattr(worker, spec.finish)() if spec.finish else None
+    finish_s = time.monotonic() - finish_started
+    return {
+        "rank": worker.rank,
+        "component": worker.component,
+        **ran,
+        "finish_s": finish_s,
+        "switch_s": worker.last_switch_s,
+        "outputs": outputs,
+        "finish": finished,
+    }
+
+
+def _run_micro_batches(
+    worker: Worker,
+    spec: StageSpec,
+    method: Callable[..., Any],
+    source: Channel,
+    sink: Channel | None,
+    put: Callable[[list[Any]], None],
+) -> dict[str, Any]:
+    """Micro-batch by micro-batch until the input ends (sizes elastic)."""
     carried = worker.stage_sizes  # sizes carry over between steps (and into checkpoints)
     batching = ElasticBatching(
         spec.min_micro_batch,
@@ -58,7 +99,6 @@ def run_stage(worker: Worker, spec: StageSpec) -> dict[str, Any]:
     key = (spec.method, spec.min_micro_batch, spec.max_micro_batch, spec.micro_batch)
     batching.adopt(worker.elastic_knowledge.setdefault(key, {}))
     meter = worker.sample_memory
-    outputs: list[Any] = []
     sizes: list[int] = []
     changes: list[dict[str, Any]] = []
     busy_s = wait_s = 0.0
@@ -86,11 +126,7 @@ def run_stage(worker: Worker, spec: StageSpec) -> dict[str, Any]:
         chunks = produced if inspect.isgenerator(produced) else [produced]
         for chunk in chunks:  # a generator streams its outputs as they are ready
             if chunk is not None:
-                chunk = list(chunk)
-                if sink is not None:
-                    sink.put_batch(chunk, [_weight(x, spec.weight_key) for x in chunk])
-                else:
-                    outputs.extend(chunk)
+                put(list(chunk))
         meter.stop(len(batch))
         took = time.monotonic() - started
         busy_s += took
@@ -109,21 +145,4 @@ def run_stage(worker: Worker, spec: StageSpec) -> dict[str, Any]:
                 worker.log.info("micro-batch of %s: %s", spec.method, reason)
                 changes.append({"after_micro_batch": len(sizes), "size": size, "reason": reason})
     carried[spec.method] = batching.size
-    if sink is not None:
-        sink.close()
-    finish_started = time.monotonic()
-    finished = getattr(worker, spec.finish)() if spec.finish else None
-    finish_s = time.monotonic() - finish_started
-    return {
-        "rank": worker.rank,
-        "component": worker.component,
-        "items": sum(sizes),
-        "micro_batches": sizes,
-        "changes": changes,
-        "busy_s": busy_s,
-        "wait_s": wait_s,
-        "finish_s": finish_s,
-        "switch_s": worker.last_switch_s,
-        "outputs": outputs,
-        "finish": finished,
-    }
+    return {"items": sum(sizes), "micro_batches": sizes, "changes": changes, "busy_s": busy_s, "wait_s": wait_s}

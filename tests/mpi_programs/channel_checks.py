@@ -378,6 +378,41 @@ def check_batch_filled_in_several_gets_measures_its_rate(size: int) -> None:
     world().Barrier()
 
 
+def check_non_blocking_get_returns_what_is_here(size: int) -> None:
+    """``get_batch(block=False)``: nothing while nothing arrived (no wait), what is here up to
+    ``max_items``, and EndOfStream once every producer closed and all was taken."""
+    spec = ChannelSpec("poll", (0,), (1,), "performance_aware", 16)
+    plane = DataPlane(Directory(groups={"consumer": [1]}, world_size=size, channels={"poll": spec}))
+    channel = Channel(plane, "poll")
+    if plane.rank == 0:
+        assert plane.recv(1, tag="poll-empty", timeout=30) == "saw nothing"
+        channel.put_batch([0, 1, 2], timeout=30)
+        plane.send("three sent", 1, tag="poll-three", timeout=30)
+        channel.close()
+    elif plane.rank == 1:
+        started = time.monotonic()
+        assert channel.get_batch(max_items=8, block=False) == []
+        assert time.monotonic() - started < 0.5
+        plane.send("saw nothing", 0, tag="poll-empty", timeout=30)
+        assert plane.recv(0, tag="poll-three", timeout=30) == "three sent"
+        got: list[int] = []
+        deadline = time.monotonic() + 30
+        while len(got) < 3 and time.monotonic() < deadline:  # the items may still be in flight
+            got += channel.get_batch(max_items=2, block=False)
+            assert len(got) <= 3
+            time.sleep(0.001)
+        assert got == [0, 1, 2], got
+        deadline = time.monotonic() + 30
+        while True:  # the end-of-stream marker may arrive after the items
+            try:
+                assert channel.get_batch(max_items=2, block=False) == []
+            except EndOfStream:
+                break
+            assert time.monotonic() < deadline, "no EndOfStream"
+            time.sleep(0.001)
+    world().Barrier()
+
+
 def main() -> int:
     comm = world()
     size = comm.Get_size()
@@ -407,6 +442,7 @@ def main() -> int:
             "unequal_consumers_share_a_small_capacity",
             lambda: check_unequal_consumers_share_a_small_capacity(size),
         ),
+        ("non_blocking_get_returns_what_is_here", lambda: check_non_blocking_get_returns_what_is_here(size)),
         (
             "batch_filled_in_several_gets_measures_its_rate",
             lambda: check_batch_filled_in_several_gets_measures_its_rate(size),

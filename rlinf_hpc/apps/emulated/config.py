@@ -27,6 +27,12 @@ class EmulationConfig(Section):
         description="`1`: the last stage (the actor) trains on step t's samples while the other "
         "stages already produce step t+1's (one-step off-policy); `0`: on-policy.",
     )
+    continuous_generation: bool = Field(
+        True,
+        description="`true`: the rollout stage is one continuous-batching engine per rank for the "
+        "whole step (requests join as slots free; the long tail is paid once per step); `false`: "
+        "one generate call per micro-batch, each waiting on its longest response.",
+    )
     samples_per_step: int | None = Field(
         None, ge=1, description="Responses (or transitions) per step; default: the profile's."
     )

@@ -77,15 +77,21 @@ def emulated_rl_flow(coordinator: Coordinator) -> dict[str, Any]:
     for name, components in parts:
         pipes.append(Pipeline(coordinator, name))
         for component in components:
-            pipes[-1].stage(component, "process", finish="finish", weight_key="length")
+            engine = emulation.continuous_generation and profile.stages[component].kind == "generate"
+            pipes[-1].stage(
+                component, "engine" if engine else "process", finish="finish", weight_key="length",
+                continuous=engine,
+            )  # fmt: skip
     metrics = MetricsLog(coordinator.run_dir, False)
     history: list[dict[str, Any]] = []
     predicted: float | None = None
     predicted_for = ""  # the placement the prediction is for (auto changes it after warm-up)
 
     def items_of(step: int) -> tuple[list[dict[str, Any]], list[float]]:
+        """The step's prompts. Their weight is 1: how long a response will be is not known
+        before it is generated (later stages weigh responses by their length)."""
         lengths = profile.lengths(random.Random(f"{config.job.seed}:{step}"), samples)
-        return [{"uid": i, "length": length} for i, length in enumerate(lengths)], [float(n) for n in lengths]
+        return [{"uid": i, "length": length} for i, length in enumerate(lengths)], [1.0] * samples
 
     ahead = (
         OneStepAhead(*pipes, emulation.steps, lambda samples: [float(x["length"]) for x in samples])

@@ -9,6 +9,7 @@ slept, so the flow can tell device idleness from work.
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -17,6 +18,9 @@ from rlinf_hpc.apps.emulated.profiles import PROFILES
 from rlinf_hpc.workers.base import Worker
 
 GB = 1e9
+#: Decode steps an emulated engine runs between admissions (new requests join the running batch
+#: at these boundaries; 20 steps are ~20 ms at the default time scale).
+ENGINE_QUANTUM = 20
 
 
 class EmulatedStage(Worker):
@@ -64,6 +68,52 @@ class EmulatedStage(Worker):
         self._account(lengths, seconds + self.cost.seconds_per_call)
         if ready:
             yield ready
+
+    def engine(self, feed: Any) -> Iterator[list[dict[str, Any]]]:
+        """A continuous-batching engine for the whole step (a continuous stage): requests join
+        the running batch whenever a slot is free, each decode step costs ``decode_step_s *
+        (alpha + (1 - alpha) * active / slots)`` (the cost `Profile.rollout_schedule` charges a
+        micro-batch), and each response goes downstream when it is done. The low-occupancy tail
+        is paid once, when the step's requests run out. Emulated time is kept against the clock
+        (sleep overshoot does not accumulate); time lost waiting for input or downstream is not
+        made up."""
+        profile, slots = self.profile, self.profile.slots
+        active: list[tuple[int, int, dict[str, Any]]] = []  # (decode step it ends at, seq, item)
+        clock = 0  # decode steps
+        emulated = 0.0  # seconds of decode work so far
+        anchor = time.monotonic()  # real time at emulated 0 (moved by time not made up)
+        admitted: list[int] = []
+        seq = 0
+        while True:
+            if len(active) < slots and not feed.ended:
+                waited = time.monotonic()
+                new = feed.take(slots - len(active), wait=not active)
+                if not active:  # the engine was empty: waiting is not work
+                    anchor += time.monotonic() - waited
+                for item in new:
+                    heapq.heappush(active, (clock + item["length"], seq, item))
+                    admitted.append(item["length"])
+                    seq += 1
+                self._in_work = len(active)
+            if not active:
+                if feed.ended:
+                    break
+                continue
+            steps = min(active[0][0] - clock, ENGINE_QUANTUM)
+            occupancy = len(active) / slots
+            emulated += steps * profile.decode_step_s * (profile.alpha + (1 - profile.alpha) * occupancy)
+            clock += steps
+            lag = time.monotonic() - anchor - emulated * self.scale
+            if lag < 0:
+                time.sleep(-lag)
+            elif lag > ENGINE_QUANTUM * profile.decode_step_s * self.scale:
+                anchor += lag  # lost to the box or to backpressure: not made up
+            done = []
+            while active and active[0][0] <= clock:
+                done.append(heapq.heappop(active)[2])
+            if done:
+                yield done
+        self._account(admitted, emulated)
 
     def _account(self, lengths: list[int], seconds: float) -> None:
         self._items += len(lengths)

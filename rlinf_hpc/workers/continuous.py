@@ -1,0 +1,99 @@
+"""A continuous stage: one engine that admits items whenever it has room, for the whole step.
+
+A micro-batched stage calls its method once per micro-batch, so a generation engine with
+continuous batching pays its long tail once per micro-batch: the call ends only when its
+longest response is done, while its slots empty one by one (the seed's long tail, paid
+``N / k`` times instead of once). A continuous stage (``Pipeline.stage(..., continuous=True)``)
+calls ``method(feed)`` once per step instead; the method is a generator that admits new items
+from the `Feed` as its slots free (``feed.take(n)``), yields the outputs that are done (each list
+goes downstream at once) and returns when ``feed.ended`` and nothing is left in work — what an
+inference engine's own scheduler does (vLLM adds requests to a running batch between steps).
+
+The stage's busy time is the step's time minus the time the engine waited with nothing in work;
+it reports one "micro-batch" of everything it took (its sizes are the engine's business).
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from rlinf_hpc.channel import EndOfStream
+
+if TYPE_CHECKING:
+    from rlinf_hpc.channel import Channel
+    from rlinf_hpc.scheduler.protocol import StageSpec
+    from rlinf_hpc.workers.base import Worker
+
+
+class Feed:
+    """The input of a continuous stage. ``take(n)`` returns up to ``n`` items that have arrived
+    (none is possible); ``take(n, wait=True)`` waits for at least one unless the stream ended.
+    `ended` is True once every producer closed and everything was taken.
+
+    A taken item counts as work from then on: the engine's time between takes is what the
+    channel measures as its rate, so an engine should take only what it can admit now."""
+
+    def __init__(self, source: Channel) -> None:
+        self._source = source
+        self.ended = False
+        self.taken = 0
+        #: Seconds spent in ``take(wait=True)`` (the engine had nothing in work).
+        self.wait_s = 0.0
+
+    def take(self, max_items: int, wait: bool = False) -> list[Any]:
+        if self.ended or max_items < 1:
+            return []
+        started = time.monotonic()
+        try:
+            items = self._source.get_batch(max_items=max_items, block=wait)
+        except EndOfStream:
+            self.ended = True
+            items = []
+        if wait:
+            self.wait_s += time.monotonic() - started
+        self.taken += len(items)
+        return items
+
+
+def run_continuous(
+    worker: Worker,
+    spec: StageSpec,
+    method: Callable[..., Any],
+    source: Channel,
+    put: Callable[[list[Any]], None],
+) -> dict[str, Any]:
+    """One engine call over the whole step's input; what `run_stage` returns, without finish."""
+    feed = Feed(source)
+    started, wall_start = time.monotonic(), time.time()
+    produced = method(feed)
+    if not inspect.isgenerator(produced):
+        name = f"{type(worker).__name__}.{spec.method}"
+        raise TypeError(
+            f"{name} runs as a continuous stage, so it must be a generator: take items from the "
+            "feed it is given (feed.take(n)), yield lists of outputs as they are done, and "
+            "return once feed.ended and nothing is left in work"
+        )
+    for chunk in produced:
+        if chunk is not None:
+            put(list(chunk))
+    if not feed.ended:  # the engine returned early: the rest of the stream must not be lost
+        name = f"{type(worker).__name__}.{spec.method}"
+        raise RuntimeError(
+            f"{name} returned before its input ended ({feed.taken} items taken): a continuous "
+            "stage must take every item (loop until feed.ended)"
+        )
+    took = time.monotonic() - started
+    hook = worker.comm.span_hook
+    if hook is not None:
+        name = f"{worker.component}.{spec.method}"
+        hook(name, "engine", worker.component, wall_start, time.time(), items=feed.taken)
+    return {
+        "items": feed.taken,
+        "micro_batches": [feed.taken] if feed.taken else [],
+        "changes": [],
+        "busy_s": took - feed.wait_s,
+        "wait_s": feed.wait_s,
+    }
