@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from rlinf_hpc.scheduler.cost_model import PhaseProfile, pipeline_time, predict, split_ranks
+from rlinf_hpc.scheduler.cost_model import PhaseProfile, pipeline_time, placement_time, predict, split_ranks
 from rlinf_hpc.scheduler.elastic import ElasticBatching
 
 
@@ -20,6 +20,20 @@ def test_pipeline_time_is_the_seed_formula(stages: list[float], items: int, k: i
     cooldown = sum(stages[b + 1 :])
     seed = warmup + math.ceil(items / k - 1) * bottleneck + cooldown
     assert pipeline_time(stages, math.ceil(items / k)) == pytest.approx(seed)
+
+
+def test_an_engines_first_output_and_the_finish_set_the_pipeline_fill_and_tail() -> None:
+    """A continuous stage's work is its share at its rate and the stage after it waits only
+    for its first output; the last stage's finish comes once per step."""
+    engine = PhaseProfile("rollout", 0.1, latency_seconds=2.0)
+    actor = PhaseProfile("actor", 0.02, finish_seconds=0.5)
+    # engine-bound: 100 x 0.1 / 2 = 5 s, then the actor's last micro-batch (10 x 0.02) + finish
+    assert placement_time([engine, actor], 100, 10, [{1, 2}, {3}]) == pytest.approx(5.0 + 0.2 + 0.5)
+    # actor-bound: it starts after the engine's first output, then does all its 2 s
+    slow = PhaseProfile("actor", 0.08, finish_seconds=0.5)
+    assert placement_time([engine, slow], 100, 10, [{1, 2}, {3}]) == pytest.approx(2.0 + 8.0 + 0.5)
+    # collocated: one after the other on the same ranks
+    assert placement_time([engine, actor], 100, 10, [{1, 2}, {1, 2}]) == pytest.approx(5.0 + 1.0 + 0.5)
 
 
 def test_split_ranks_follows_work_and_uses_every_rank() -> None:

@@ -110,7 +110,8 @@ def test_emulated_job_streams_responses_and_reports_idle_and_predictions(
     tmp_path: Path, continuous: bool
 ) -> None:
     run = tmp_path / "run"
-    result = rlinf(*_emulated_args(run, 256, f"emulation.continuous_generation={str(continuous).lower()}"), timeout=240)
+    engine = f"emulation.continuous_generation={str(continuous).lower()}"
+    result = rlinf(*_emulated_args(run, 256, engine), timeout=240)
     assert result.returncode == 0, result.output
     assert "EMULATION (sleep-costed stages" in result.output
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]

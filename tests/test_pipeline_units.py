@@ -36,6 +36,15 @@ def test_streams_are_bounded_only_between_ranks_that_run_at_the_same_time() -> N
     assert hybrid["s1"]["capacity"] == 7 and hybrid["s2"]["capacity"] == UNBOUNDED
 
 
+def test_an_engines_input_is_balanced_by_queue() -> None:
+    """A continuous stage takes what it has room for, so no per-item rate describes it."""
+    pipe = _pipeline({"a": [1], "b": [2]})
+    pipe.stages.clear()
+    pipe.stage("a", "generate", continuous=True).stage("b", "learn")
+    specs = pipe._stream_specs(["s0", "s1"])
+    assert [s["policy"] for s in specs.values()] == ["shortest_queue", "performance_aware"]
+
+
 def test_stage_names_must_be_components_once() -> None:
     pipe = _pipeline({"a": [1]})
     with pytest.raises(KeyError, match="no component 'zz'"):
@@ -54,18 +63,30 @@ def test_local_first_keeps_items_on_the_producing_rank() -> None:
 
 
 def test_auto_profiles_are_per_rank_seconds_per_item() -> None:
+    """Seconds per item of a stage are its slowest rank's time over an even share; the finish
+    (optimizer step) and an engine's time to first output are kept apart as ranks' means."""
     pipe = _pipeline({"a": [1, 2], "b": [1, 2]})
+    pipe.stages.clear()
+    pipe.stage("a", "generate", continuous=True).stage("b", "learn", finish="step")
     per_rank = [
-        [{"items": 10, "busy_s": 1.0, "switch_s": 0.2}, {"items": 30, "busy_s": 3.0, "switch_s": 0.4}],
+        [
+            {"items": 10, "busy_s": 1.0, "switch_s": 0.2, "first_output_s": 0.3},
+            {"items": 30, "busy_s": 3.0, "switch_s": 0.4, "first_output_s": 0.5},
+        ],
         [
             {"items": 20, "busy_s": 0.1, "finish_s": 0.1, "switch_s": 0.0},
-            {"items": 20, "busy_s": 0.2, "switch_s": 0.0},
+            {"items": 20, "busy_s": 0.2, "finish_s": 0.3, "switch_s": 0.0},
         ],
     ]
     result = StepResult(1, [], {}, 1.0, "auto", [], per_rank)
     a, b = profiles_from_step(pipe, result)
-    assert (a.name, a.seconds_per_item, a.switch_seconds) == ("a", pytest.approx(0.1), pytest.approx(0.3))
-    assert (b.seconds_per_item, b.switch_seconds) == (pytest.approx(0.01), 0.0)
+    assert (a.name, a.seconds_per_item, a.switch_seconds) == ("a", pytest.approx(0.15), pytest.approx(0.3))
+    assert a.latency_seconds == pytest.approx(0.4) and b.latency_seconds is None
+    assert (b.seconds_per_item, b.switch_seconds, b.finish_seconds) == (
+        pytest.approx(0.01),
+        0.0,
+        pytest.approx(0.2),
+    )
 
 
 def test_host_memory_fraction_reads_meminfo(tmp_path) -> None:
@@ -123,5 +144,5 @@ def test_continuous_stage_admits_as_it_has_room_and_must_take_everything() -> No
     assert ran["busy_s"] >= 0 and ran["wait_s"] >= 0
     with pytest.raises(RuntimeError, match="returned before its input ended \\(1 items taken\\)"):
         run_continuous(engine, spec, engine.quits_early, _Source([1, 2]), out.extend)
-    with pytest.raises(TypeError, match="_Engine.generate runs as a continuous stage, so it must be a generator"):
+    with pytest.raises(TypeError, match="_Engine.generate runs as a continuous stage, so it must be a gen"):
         run_continuous(engine, spec, engine.not_a_generator, _Source([1, 2]), out.extend)

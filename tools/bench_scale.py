@@ -18,9 +18,12 @@ responses (lengths are a function of seed and step):
 * ``centralized``: every stage on every worker, one after the other, the whole batch at once
   in equal shards (fixed micro-batch = the batch, round-robin) — a veRL-style colocated trainer;
 * ``fixed_pipeline``: stages on disjoint ranks (split in proportion to their work), fixed
-  micro-batches of ``--micro-batch`` — a pipeline without elastic sizing;
-* ours: ``disaggregated``, ``collocated`` and ``hybrid`` with elastic micro-batches, and
-  ``auto`` (one collocated warm-up step, then the cost model's choice);
+  micro-batches of ``--micro-batch``, one generate call per micro-batch — a pipeline without
+  elastic sizing; ``fixed_engine`` (reported): the same with our continuous generation engine,
+  to tell what the engine alone gives from what elastic sizing adds;
+* ours: ``disaggregated``, ``collocated`` and ``hybrid`` with elastic micro-batches and a
+  continuous generation engine per rollout rank (requests join as slots free, responses stream
+  on), and ``auto`` (one collocated warm-up step, then the cost model's choice);
 * ``off_policy``: ``disaggregated`` with one-step off-policy (the actor trains on step t's
   samples while the other stages produce step t+1's); ``off_policy_fixed``: the same with the
   fixed pipeline's micro-batches (the off-policy effect without the elastic controller's).
@@ -34,7 +37,9 @@ Ratios (on ``--profile`` at the largest and the middle rank count): ``best_vs_ce
 (>= 0.95), ``cost_model_error`` (<= 0.10: the largest relative error over modes and rank
 counts), ``idle_vs_centralized`` (<= 0.5: the best mode's idle fraction / centralized's),
 ``off_policy_vs_on_policy`` (>= 1.3: disaggregated's step time / off_policy's), and beside it
-(reported) ``off_policy_fixed_vs_fixed_pipeline``.
+(reported) ``off_policy_fixed_vs_fixed_pipeline``. Per rank count the table also shows the
+**ceiling**: centralized's step over the step with no idle time at all (its work at full
+efficiency spread evenly over the workers), the most any placement could gain on the profile.
 """
 
 from __future__ import annotations
@@ -70,24 +75,29 @@ REQUIRED = {
 }
 MODES = (
     "centralized", "fixed_pipeline", "disaggregated", "collocated", "hybrid", "auto", "off_policy",
-    "off_policy_fixed",
+    "off_policy_fixed", "fixed_engine",
 )  # fmt: skip
 OURS = ("disaggregated", "collocated", "hybrid")
 
 
 def work_split(
-    profile: Profile, workers: int, micro_batch: int, names: list[str] | None = None
+    profile: Profile, workers: int, micro_batch: int, names: list[str] | None = None, engine: bool = True
 ) -> dict[str, int]:
     """Ranks per stage in proportion to each stage's seconds per item (from the profile, at
-    ``micro_batch``), as a user sizing a pipeline by hand would."""
+    ``micro_batch``; a generation engine at two batches of slots), as a user sizing a pipeline
+    by hand would."""
     rng = random.Random(0)
     lengths = profile.lengths(rng, 4096)
-    chunks = [lengths[i : i + micro_batch] for i in range(0, len(lengths), micro_batch)]
+
+    def chunks(name: str) -> list[list[int]]:
+        size = 2 * profile.slots if engine and profile.stages[name].kind == "generate" else micro_batch
+        return [lengths[i : i + size] for i in range(0, len(lengths), size)]
+
     names = names or list(profile.stages)
     costs = []
     for name in names:
         parts = name.split("+")
-        seconds = sum(profile.stage_seconds(p, c) for p in parts for c in chunks) / len(lengths)
+        seconds = sum(profile.stage_seconds(p, c) for p in parts for c in chunks(p)) / len(lengths)
         costs.append(PhaseProfile(name, seconds))
     return split_ranks(costs, workers)
 
@@ -109,14 +119,17 @@ def mode_settings(mode: str, profile: Profile, workers: int, samples: int, micro
             *whole,
             *every,
         ]
-    if mode in ("fixed_pipeline", "disaggregated", "off_policy", "off_policy_fixed"):
-        split = work_split(profile, workers, micro_batch)
+    if mode in ("fixed_pipeline", "disaggregated", "off_policy", "off_policy_fixed", "fixed_engine"):
+        engine = mode not in ("fixed_pipeline", "off_policy_fixed")
+        split = work_split(profile, workers, micro_batch, engine=engine)
         sets = ["placement.mode=disaggregated", *[f"components.{s}.num_ranks={n}" for s, n in split.items()]]
+        if not engine:
+            sets.append("emulation.continuous_generation=false")
         if mode == "off_policy":
             return [*sets, *elastic, "emulation.off_policy_steps=1"]
         if mode == "off_policy_fixed":
             sets.append("emulation.off_policy_steps=1")
-        if mode in ("fixed_pipeline", "off_policy_fixed"):
+        if mode in ("fixed_pipeline", "off_policy_fixed", "fixed_engine"):
             fixed = [
                 f"pipeline.{k}={micro_batch}" for k in ("micro_batch", "min_micro_batch", "max_micro_batch")
             ]
@@ -288,9 +301,10 @@ def main() -> int:
     plot(raw, args.profile, png)
     print_table(
         "per rank count (" + args.profile + ")",
-        ["ranks", "best mode", "best/centralized", "best/fixed", "auto/best", "idle best/centralized",
-         "off/on-policy"],
-        [(k, str(v["best"]), f"{v['best_vs_centralized']:.2f}", f"{v['best_vs_fixed_pipeline']:.2f}",
+        ["ranks", "best mode", "best/centralized", "ceiling", "best/fixed", "best/fixed+engine",
+         "auto/best", "idle best/centralized", "off/on-policy"],
+        [(k, str(v["best"]), f"{v['best_vs_centralized']:.2f}", f"{v['ceiling']:.2f}",
+          f"{v['best_vs_fixed_pipeline']:.2f}", f"{v['best_vs_fixed_engine']:.2f}",
           f"{v['auto_vs_best']:.2f}", f"{v['idle_vs_centralized']:.2f}",
           f"{v['off_policy_vs_on_policy']:.2f}") for k, v in per_size.items()],
     )  # fmt: skip
@@ -328,6 +342,10 @@ def compute_ratios(
             "idle_vs_centralized": ratio(best, "centralized", "idle_fraction"),
             "off_policy_vs_on_policy": ratio("disaggregated", "off_policy"),
             "off_policy_fixed_vs_fixed_pipeline": ratio("fixed_pipeline", "off_policy_fixed"),
+            "best_vs_fixed_engine": ratio("fixed_engine", best),
+            "ceiling": 1 / max(1e-9, 1 - modes["centralized"]["idle_fraction"])
+            if "centralized" in modes
+            else math.nan,
         }
     judged = [per_size[str(r)] for r in ranks[-2:] if str(r) in per_size] or list(per_size.values())
     ratios = {}

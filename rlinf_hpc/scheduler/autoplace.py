@@ -1,8 +1,9 @@
 """``placement.mode = "auto"``: measure a short collocated warm-up, ask the cost model, move.
 
 The job starts with every component on every worker rank. After ``auto_warmup_steps`` pipeline
-steps, each stage's measured seconds per item (busy time over items, per rank) and switch time
-become a `PhaseProfile`; `cost_model.predict` compares collocated against a disaggregated split
+steps, each stage's measured seconds per item (its slowest rank's busy time over an even share),
+switch time, finish time and (an engine's) time to first output become a `PhaseProfile`;
+`cost_model.predict` compares collocated against a disaggregated split
 of the worker ranks in proportion to the stages' work. If disaggregated wins, the coordinator
 re-partitions (ranks leave the components they no longer host, their state is torn down). It
 also bounds each stage's largest micro-batch by its device memory (0.3 x (device - model
@@ -27,14 +28,34 @@ log = get_logger("auto")
 
 
 def profiles_from_step(pipeline: Pipeline, result: StepResult) -> list[PhaseProfile]:
-    """One profile per stage from what its ranks measured in ``result``."""
+    """One profile per stage from what its ranks measured in ``result``. Seconds per item are
+    the slowest rank's busy time over an even share (the stage is done when its last rank is:
+    uneven shares and uneven speeds both count); the finish (an optimizer step) and, for a
+    continuous stage, the time to its first output are the ranks' means."""
     profiles = []
     for stage, replies in zip(pipeline.stages, result.per_rank, strict=True):
         items = sum(r["items"] for r in replies)
-        busy = sum(r["busy_s"] + r.get("finish_s", 0.0) for r in replies)  # finish: the stage's tail
+        slowest = max(r["busy_s"] for r in replies)
         switch = sum(r["switch_s"] for r in replies) / max(1, len(replies))
-        profiles.append(PhaseProfile(stage.component, busy / max(1, items), 0.0, switch))
+        finish = sum(r.get("finish_s", 0.0) for r in replies) / max(1, len(replies))
+        firsts = [r["first_output_s"] for r in replies if r.get("first_output_s") is not None]
+        latency = sum(firsts) / len(firsts) if stage.continuous and firsts else None
+        per_item = slowest * len(replies) / max(1, items)
+        profiles.append(PhaseProfile(stage.component, per_item, 0.0, switch, finish, latency))
     return profiles
+
+
+def mean_micro_batch(pipeline: Pipeline, result: StepResult) -> int:
+    """The mean micro-batch of the step's micro-batched stages (continuous ones have none)."""
+    sizes = [
+        size
+        for stage, summary in zip(pipeline.stages, result.stages, strict=True)
+        if not stage.continuous
+        for size in summary["micro_batch_sizes"]
+    ]
+    if not sizes:
+        return pipeline.coordinator.config.pipeline.micro_batch
+    return max(1, round(sum(sizes) / len(sizes)))
 
 
 class AutoPlacement:
@@ -158,4 +179,6 @@ def _profile_fields(profile: PhaseProfile) -> dict[str, Any]:
         "name": profile.name,
         "seconds_per_item": profile.seconds_per_item,
         "switch_seconds": profile.switch_seconds,
+        "finish_seconds": profile.finish_seconds,
+        "latency_seconds": profile.latency_seconds,
     }

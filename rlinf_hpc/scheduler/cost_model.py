@@ -58,6 +58,12 @@ class PhaseProfile:
     overhead_per_micro_batch: float = 0.0
     #: Cost of switching this component onto the device (collocated), seconds.
     switch_seconds: float = 0.0
+    #: Once per step on each of its ranks after its input ended (an optimizer step), seconds.
+    finish_seconds: float = 0.0
+    #: A continuous stage (an engine admitting items as it has room): seconds from its first
+    #: item to its first output. None: a micro-batched stage, whose first output comes after one
+    #: micro-batch.
+    latency_seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -102,14 +108,15 @@ def predict(profiles: list[PhaseProfile], num_items: int, micro_batch: int, num_
         + math.ceil(micro_batches / num_ranks) * p.overhead_per_micro_batch
         for p in profiles
     ]
-    together = collocated_time(phases, [p.switch_seconds for p in profiles])
+    together = collocated_time(phases, [p.switch_seconds for p in profiles]) + profiles[-1].finish_seconds
     if num_ranks < len(profiles):
         return Prediction(together, math.inf, {})
     ranks = split_ranks(profiles, num_ranks)
-    stages = [
-        (micro_batch * p.seconds_per_item + p.overhead_per_micro_batch) / ranks[p.name] for p in profiles
-    ]
-    apart = pipeline_time(stages, micro_batches)
+    first, sets = 0, []
+    for p in profiles:  # disjoint rank sets of the split's sizes
+        sets.append(set(range(first, first + ranks[p.name])))
+        first += ranks[p.name]
+    apart = placement_time(profiles, num_items, micro_batch, sets)
     return Prediction(together, apart, ranks)
 
 
@@ -118,14 +125,19 @@ def placement_time(
     num_items: int,
     micro_batch: int,
     stage_ranks: list[set[int]],
-    finish_seconds: list[float] | None = None,
 ) -> float:
-    """Step time of the stages (in flow order) on the given ranks. Stages whose ranks overlap
-    are one pipeline stage, run one after the other (with their switch times); ``finish_seconds``
-    (a stage's once-per-step tail, e.g. an optimizer step) adds for the stages of the last one."""
+    """Step time of the stages (in flow order) on the given ranks.
+
+    Stages whose ranks overlap form one group, run one after the other on its ranks (paying
+    their switch times); groups on disjoint ranks pipeline. A group's *work* is its whole
+    share of the items; its *latency* is how long the group after it waits for its first
+    output (one micro-batch, an engine's measured first output, or for a group of several
+    stages everything before its last stage plus that one's latency). The step takes the
+    longest of (one group's work + every other group's latency) — the seed's formula
+    ``sum_j t_j + (M - 1) t_b`` when every stage is micro-batched — plus the once-per-step
+    finish of the last group's stages."""
     if len(profiles) != len(stage_ranks) or not profiles:
         raise ValueError("one rank set per stage profile")
-    finish_seconds = finish_seconds or [0.0] * len(profiles)
     groups: list[tuple[set[int], list[int]]] = []
     for index, ranks in enumerate(stage_ranks):
         joined = next((g for g in groups if g[0] & ranks), None)
@@ -134,13 +146,24 @@ def placement_time(
         else:
             joined[0].update(ranks)
             joined[1].append(index)
-    times, switches = [], 0.0
+    micro_batches = math.ceil(num_items / micro_batch)
+    works, latencies, switches = [], [], 0.0
     for ranks, members in groups:
-        work = sum(
-            micro_batch * profiles[i].seconds_per_item + profiles[i].overhead_per_micro_batch for i in members
-        )
-        times.append(work / len(ranks))
+        full, first = [], []
+        for i in members:
+            p = profiles[i]
+            if p.latency_seconds is not None:  # an engine: its share at its rate
+                full.append(num_items * p.seconds_per_item / len(ranks))
+                first.append(p.latency_seconds)
+            else:
+                batch = (micro_batch * p.seconds_per_item + p.overhead_per_micro_batch) / len(ranks)
+                full.append(micro_batches * batch)
+                first.append(batch)
+        works.append(sum(full))
+        latencies.append(sum(full[:-1]) + first[-1])
         if len(members) > 1:
             switches += sum(profiles[i].switch_seconds for i in members)
-    tail = sum(finish_seconds[i] for i in groups[-1][1])
-    return round(pipeline_time(times, math.ceil(num_items / micro_batch)) + switches + tail, 6)
+    total = sum(latencies)
+    longest = max(work + total - latency for work, latency in zip(works, latencies, strict=True))
+    tail = sum(profiles[i].finish_seconds for i in groups[-1][1])
+    return round(longest + switches + tail, 6)

@@ -10,7 +10,8 @@ goes downstream at once) and returns when ``feed.ended`` and nothing is left in 
 inference engine's own scheduler does (vLLM adds requests to a running batch between steps).
 
 The stage's busy time is the step's time minus the time the engine waited with nothing in work;
-it reports one "micro-batch" of everything it took (its sizes are the engine's business).
+it reports one "micro-batch" of everything it took (its sizes are the engine's business) and the
+time from its first item to its first output (the cost model's latency of the stage).
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ class Feed:
         self._source = source
         self.ended = False
         self.taken = 0
+        #: When the first item was taken (monotonic), for the time to the first output.
+        self.first_taken_at: float | None = None
         #: Seconds spent in ``take(wait=True)`` (the engine had nothing in work).
         self.wait_s = 0.0
 
@@ -52,8 +55,11 @@ class Feed:
         except EndOfStream:
             self.ended = True
             items = []
+        now = time.monotonic()
         if wait:
-            self.wait_s += time.monotonic() - started
+            self.wait_s += now - started
+        if items and self.first_taken_at is None:
+            self.first_taken_at = now
         self.taken += len(items)
         return items
 
@@ -76,8 +82,11 @@ def run_continuous(
             "feed it is given (feed.take(n)), yield lists of outputs as they are done, and "
             "return once feed.ended and nothing is left in work"
         )
+    first_output_s = None
     for chunk in produced:
         if chunk is not None:
+            if first_output_s is None and feed.first_taken_at is not None:
+                first_output_s = time.monotonic() - feed.first_taken_at
             put(list(chunk))
     if not feed.ended:  # the engine returned early: the rest of the stream must not be lost
         name = f"{type(worker).__name__}.{spec.method}"
@@ -96,4 +105,5 @@ def run_continuous(
         "changes": [],
         "busy_s": took - feed.wait_s,
         "wait_s": feed.wait_s,
+        "first_output_s": first_output_s,
     }

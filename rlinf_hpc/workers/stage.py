@@ -145,4 +145,11 @@ def _run_micro_batches(
                 worker.log.info("micro-batch of %s: %s", spec.method, reason)
                 changes.append({"after_micro_batch": len(sizes), "size": size, "reason": reason})
     carried[spec.method] = batching.size
-    return {"items": sum(sizes), "micro_batches": sizes, "changes": changes, "busy_s": busy_s, "wait_s": wait_s}
+    return {
+        "items": sum(sizes),
+        "micro_batches": sizes,
+        "changes": changes,
+        "busy_s": busy_s,
+        "wait_s": wait_s,
+        "first_output_s": None,
+    }

@@ -6,8 +6,9 @@ micro-batch, the **idle fraction** of the worker ranks (1 - work at full efficie
 step time): long-tail waiting, pipeline bubbles, switches and syncs all count as idle), the
 **coordinator's own CPU time** in the step (rank 0's process time: the runtime's overhead at
 this scale), and after the first step the **cost model's prediction** of this placement's step
-time (`scheduler.cost_model.placement_time` from the previous step's measurements: per-item
-seconds, switches, the mean micro-batch) next to the measured one. The response lengths are a
+time (`scheduler.cost_model.placement_time` from the previous step's measurements, the same
+profiles ``auto`` builds: per-item seconds of each stage's slowest rank, switches, finishes, an
+engine's time to first output, the mean micro-batch) next to the measured one. The response lengths are a
 function of (job seed, step), the same in every mode. With ``emulation.off_policy_steps = 1``
 the actor's stage is a pipeline of its own, fed step t's samples while the others produce step
 t+1's (as `apps.math.flow` does for GRPO).
@@ -24,7 +25,8 @@ from rlinf_hpc.log import get_logger
 from rlinf_hpc.runtime.console import print_table
 from rlinf_hpc.runtime.metrics import MetricsLog
 from rlinf_hpc.scheduler import Coordinator, Pipeline
-from rlinf_hpc.scheduler.cost_model import PhaseProfile, placement_time
+from rlinf_hpc.scheduler.autoplace import mean_micro_batch, profiles_from_step
+from rlinf_hpc.scheduler.cost_model import placement_time
 from rlinf_hpc.scheduler.off_policy import OneStepAhead
 
 log = get_logger("emulated")
@@ -41,19 +43,11 @@ def sync_weights(coordinator: Coordinator, profile: Profile) -> float:
     return time.monotonic() - started
 
 
-def predict(pipe: Pipeline, result: Any, num_items: int, sync_s: float) -> float:
+def predict(pipe: Pipeline, result: Any, num_items: int) -> float:
     """This placement's step time by the cost model, from what ``result``'s step measured."""
-    profiles, finishes, ranks = [], [], []
-    for stage, replies in zip(pipe.stages, result.per_rank, strict=True):
-        items = sum(r["items"] for r in replies)
-        busy = sum(r["busy_s"] for r in replies)
-        switch = sum(r["switch_s"] for r in replies) / len(replies)
-        profiles.append(PhaseProfile(stage.component, busy / max(1, items), 0.0, switch))
-        finishes.append(sum(r["finish_s"] for r in replies) / len(replies))
-        ranks.append({r["rank"] for r in replies})
-    sizes = [s for stage in result.stages for s in stage["micro_batch_sizes"]]
-    micro_batch = max(1, round(sum(sizes) / len(sizes)))
-    return placement_time(profiles, num_items, micro_batch, ranks, finishes) + sync_s
+    ranks = [{r["rank"] for r in replies} for replies in result.per_rank]
+    profiles = profiles_from_step(pipe, result)
+    return placement_time(profiles, num_items, mean_micro_batch(pipe, result), ranks)
 
 
 def emulated_rl_flow(coordinator: Coordinator) -> dict[str, Any]:
@@ -137,7 +131,7 @@ def emulated_rl_flow(coordinator: Coordinator) -> dict[str, Any]:
             record["predicted_step_s"] = round(predicted, 4)
         # each step calibrates the cost model for the next one (its micro-batch sizes move);
         # pipelines that run side by side take the longest one's time
-        predicted = max(predict(p, r, samples, 0.0) for p, r in ran) + sync_s
+        predicted = max(predict(p, r, samples) for p, r in ran) + sync_s
         predicted_for = record["placement"]
         history.append(record)
         metrics.write(step + 1, record)
