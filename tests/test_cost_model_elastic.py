@@ -95,3 +95,19 @@ def test_shrunken_micro_batch_grows_back_once_downstream_keeps_up() -> None:
     assert [batching.update(0.0, 0.1)[0] for _ in range(6)] == [16, 16, 32, 32, 32, 32]  # never above start
     assert batching.update(0.5, 0.1)[0] == 16
     assert "grow back to 32" in batching.history[-2][2]
+
+
+def test_only_a_stage_found_batch_bound_waits_for_full_micro_batches() -> None:
+    """A last stage trying a larger size (nothing downstream waits) takes what has arrived:
+    waiting for a full trial batch made one of three actor ranks sharing a stream hold its
+    items to the end of the stream. A stage whose smaller batches cost more does wait."""
+    last = ElasticBatching(minimum=4, maximum=512, size=32, wait_threshold_s=0.05, patience=2)
+    for _ in range(2):
+        last.update(0.0, 0.1, items=32, seconds=0.32, downstream_apart=False)
+    assert last.size == 64 and "try 64" in last.history[-1][2]
+    assert not last.batch_bound
+    bound = ElasticBatching(minimum=8, maximum=128, size=32, wait_threshold_s=0.05, patience=2)
+    bound.update(0.2, 0.3, items=32, seconds=1.0)  # halve to 16, on probation
+    for _ in range(2):
+        bound.update(0.2, 0.3, items=16, seconds=1.0)  # twice the per-item cost: back, floor 32
+    assert bound.size == 32 and bound.batch_bound
