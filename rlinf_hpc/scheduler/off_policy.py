@@ -54,8 +54,11 @@ class OneStepAhead:
         samples, lag = self.pending, self.pending_lag
         todo = [(self.training, samples, self.train_weights(samples))]
         if step + 1 < self.steps:
-            todo.append((self.generation, *items_of(step + 1)))
-        results = [running.result() for running in start_steps(*todo)]
+            # Generation is fed first: its feed (prompts) is short and its stages are the long
+            # path; fed after the training's samples, its start waited for that whole feed
+            # (emulated 7B at 32 ranks: 1.68 -> 1.30 s per step, on-policy 1.46-1.52 s).
+            todo.insert(0, (self.generation, *items_of(step + 1)))
+        results = [running.result() for running in start_steps(*todo)][::-1]  # training first
         self.pending, self.pending_lag = (results[1].outputs, 1) if len(results) == 2 else (None, 0)
         return AheadStep(results, lead_s + max(r.seconds for r in results), lag)  # started together
 
