@@ -206,3 +206,34 @@ def test_a_slow_rank_is_named_a_straggler_and_equal_ranks_are_not(tmp_path: Path
     events = [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
     found = [e for e in events if e["event"] == "straggler"]
     assert len(found) == 1 and found[0]["straggler_rank"] == 2 and found[0]["score"] > 1.5, found
+
+
+def test_a_failing_heartbeat_figure_is_logged_once_and_the_beat_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bug in what a beat reports must not end the heartbeat thread (the watchdog would name
+    the rank frozen two minutes later): it is logged once and the next beats still land."""
+    from rlinf_hpc.runtime import watchdog as module
+
+    calls = {"n": 0}
+    real = module.memory_in_use
+
+    def flaky() -> dict:
+        calls["n"] += 1
+        if calls["n"] in (2, 3, 4):  # the thread's first three beats fail the same way
+            raise AttributeError("module 'torch' has no attribute 'cuda'")
+        return real()
+
+    monkeypatch.setattr(module, "memory_in_use", flaky)
+    beat = Heartbeat(tmp_path, 1, interval=0.05)
+    try:
+        deadline = time.monotonic() + 10
+        while calls["n"] < 8 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert calls["n"] >= 8 and beat._thread.is_alive()
+        record = json.loads((tmp_path / "heartbeats" / "rank-1.json").read_text())
+        assert time.time() - record["time"] < 5
+    finally:
+        beat.close()
+    failures = [r for r in caplog.records if "heartbeat of rank 1 failed" in r.getMessage()]
+    assert len(failures) == 1, [r.getMessage() for r in caplog.records]

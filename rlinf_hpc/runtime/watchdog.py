@@ -61,6 +61,7 @@ class Heartbeat:
         self.roles = "coordinator" if rank == 0 else ""
         self.activity, self.since = "starting", time.time()
         self._dumped: str | None = None
+        self._errors: set[str] = set()  # kinds of beat failures logged already
         self.gpu: Any = None  # `GpuGuard` once a component of this rank works on a GPU
         self._stop = threading.Event()
         self._write_lock = threading.Lock()  # the main thread beats too, on a new component
@@ -86,6 +87,13 @@ class Heartbeat:
             except OSError as exc:  # a full or vanished run directory: say so once, stop beating
                 log.warning("heartbeat of rank %d stopped: %s", self.rank, exc)
                 return
+            except Exception as exc:  # noqa: BLE001 - a bug in one figure must not silence the rank
+                # (the thread ended here before, and the watchdog named the rank frozen 2 min
+                # later); said once per kind of error, the next beat tries again
+                kind = f"{type(exc).__name__}: {exc}"
+                if kind not in self._errors:
+                    self._errors.add(kind)
+                    log.exception("heartbeat of rank %d failed (%s); it goes on beating", self.rank, kind)
 
     def watch_gpu(self, guard: Any) -> None:
         """Poll ``guard`` (a `GpuGuard`) on every beat and carry its figures and alarms."""
