@@ -103,7 +103,8 @@ class Pipeline:
         ``continuous=True``: ``method(feed)`` once per step, a generator admitting items from
         the feed as it has room (a generation engine's continuous batching, whose long tail is
         then paid once per step instead of once per micro-batch); its input is balanced by
-        queue (items wait at the producer's side until some engine has room for them)."""
+        queued weight (an engine takes what it has room for, so its queue shows how busy it
+        is; no per-item rate describes it)."""
         if component not in self.coordinator.placement.groups:
             raise KeyError(
                 f"pipeline '{self.name}': no component '{component}'; the job has "
