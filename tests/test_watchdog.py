@@ -237,3 +237,26 @@ def test_a_failing_heartbeat_figure_is_logged_once_and_the_beat_goes_on(
         beat.close()
     failures = [r for r in caplog.records if "heartbeat of rank 1 failed" in r.getMessage()]
     assert len(failures) == 1, [r.getMessage() for r in caplog.records]
+
+
+def test_a_worker_leaving_because_the_coordinator_died_says_it_left(tmp_path: Path) -> None:
+    """A worker that sees rank 0 dead leaves on purpose: its last beat says ``left``, so the
+    death watch does not take its exit for the death (it named such a worker instead of a
+    killed rank 0 once, under load)."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    beats = tmp_path / "heartbeats"
+    beats.mkdir()
+    record = {"rank": 0, "pid": dead.pid, "host": os.uname().nodename, "time": time.time(),
+              "roles": "coordinator", "activity": "flow", "since": time.time()}  # fmt: skip
+    (beats / "rank-0.json").write_text(json.dumps(record))
+    script = (
+        "import sys, time\nfrom pathlib import Path\nfrom rlinf_hpc.runtime.watchdog import Heartbeat\n"
+        "Heartbeat(Path(sys.argv[1]), 2, interval=0.1)\ntime.sleep(30)\nsys.exit(5)\n"
+    )
+    done = subprocess.run(
+        [str(BIN / "python"), "-c", script, str(tmp_path)], timeout=60, capture_output=True, text=True
+    )
+    assert done.returncode == 1, done.stderr
+    assert "rank 0 (coordinator)" in done.stderr and "rank 2 leaves" in done.stderr
+    assert json.loads((beats / "rank-2.json").read_text())["left"]

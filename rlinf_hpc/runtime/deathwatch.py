@@ -7,12 +7,13 @@ was. This helper is not an MPI rank and lives in a session of its own, so it out
 waits on each local rank's process (``pidfd``: woken at the exit, no polling) and the first one
 to exit without having left the job (its heartbeat says ``left`` when it leaves normally) is
 named — unless the job recorded its own culprit first — on stderr, in ``events.jsonl`` and in
-``summary.json`` (``culprit``). Exits the helper sees in one wake-up cannot be ordered: it names
-all of them, as candidates (before, it named one: on a loaded 2-core box rank 0 or 1 for a
-killed rank 2, in about one run in three); it raises its own priority where it may, so that it
-usually wakes at the first exit alone, before the launcher has ended the others. It exits once
-it has named a culprit or every watched process left normally. Rank 0 starts it once the
-placement is known; ranks on other nodes are not watched by it.
+``summary.json`` (``culprit``). Exits the helper sees in one wake-up cannot be ordered (nor a
+watched rank it then finds a zombie: killed, its threads still being torn down, its pidfd not
+yet ready): it names all of them, as candidates (before, it named one: on a loaded 2-core box
+rank 0 or 1 for a killed rank 2, in about one run in three); it raises its own priority where it
+may, so that it usually wakes at the first exit alone, before the launcher has ended the others.
+It exits once it has named a culprit or every watched process left normally. Rank 0 starts it
+once the placement is known; ranks on other nodes are not watched by it.
 
     python -m rlinf_hpc.runtime.deathwatch RUN_DIR RUN_ID '{"2": 1234, ...}'
 """
@@ -29,6 +30,7 @@ import sys
 import time
 from pathlib import Path
 
+from rlinf_hpc.runtime.ownership import pid_alive
 from rlinf_hpc.runtime.watchdog import HEARTBEATS, read_heartbeat, record_culprit
 
 #: Written into RUN_DIR/heartbeats/ once the watch is on.
@@ -71,6 +73,10 @@ def watch(run_dir: Path, run_id: str, pids: dict[int, int]) -> None:
             os.close(fd)
             if not _left(run_dir, rank):
                 first.append(rank)
+        if first:  # a killed process whose threads are still being torn down is a zombie
+            # already but not yet reported by its pidfd: a rank that saw it dead and exited at
+            # once was seen first (a worker named for a killed rank 0, in CI under load)
+            first += [r for r in fds.values() if not pid_alive(pids[r]) and not _left(run_dir, r)]
     if first:
         _report(run_dir, run_id, sorted(first), pids)
     for fd in fds:  # the job ends with the culprit named: stop watching the rest

@@ -152,6 +152,8 @@ class Heartbeat:
         log.error("job failed: %s; rank %d leaves", describe_problem(problem), self.rank)
         if self.rank == 1:
             record_culprit(self.run_dir, problem)
+        with contextlib.suppress(OSError):  # it leaves on purpose: not a rank that died
+            self._beat(left=True)
         os._exit(1)
 
     def close(self) -> None:
