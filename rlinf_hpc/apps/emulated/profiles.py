@@ -14,7 +14,9 @@ light / 217 ms full). The stage models:
   and ``makespan`` is the number of steps until the last response of the call is done (greedy
   slot assignment). So a batch waits on its longest response at low occupancy — the long tail.
   The worker streams each response downstream when it is done (a generator stage), as an
-  engine with continuous batching can.
+  engine with continuous batching can. With ``emulation.continuous_generation`` (the default)
+  a rollout rank is one engine for the whole step instead (`EmulatedStage.engine`, a continuous
+  stage): the same cost per decode step, requests joining the running batch as slots free.
 * **reward** / **inference** / **actor** (``per_token``): compute-bound, ``seconds_per_token``
   times the tokens of the micro-batch, plus ``seconds_per_call``; the actor's optimizer step is
   ``finish_s`` once per step.
