@@ -26,7 +26,12 @@ from pathlib import Path
 from benchlib import check_ratios, write_json
 
 REPO = Path(__file__).resolve().parents[1]
-CONFIG = REPO / "configs" / "embodied_ppo_cartpole.toml"
+#: The shipped config of each env (its PPO settings: epochs, minibatches, learning rate); any
+#: other env id runs the CartPole config with ``env.id`` set.
+CONFIGS = {
+    "Hopper-v5": REPO / "configs" / "embodied_ppo_hopper.toml",
+    "CartPole-v1": REPO / "configs" / "embodied_ppo_cartpole.toml",
+}
 REQUIRED = {
     "split_vs_vector_env": (">=", 1.0),
     "pipelined_vs_unpipelined": (">=", 1.1),
@@ -34,10 +39,10 @@ REQUIRED = {
 }
 
 
-def run_job(env_id: str, iterations: int, out: Path, sets: list[str]) -> dict:
+def run_job(config: Path, env_id: str, iterations: int, out: Path, sets: list[str]) -> dict:
     """One embodied job; its per-iteration records and summary."""
     args = [
-        str(Path(sys.executable).parent / "rlinf-hpc"), "run", str(CONFIG), "--run-dir", str(out),
+        str(Path(sys.executable).parent / "rlinf-hpc"), "run", str(config), "--run-dir", str(out),
         f"--set=env.id={env_id}", f"--set=ppo.iterations={iterations}", *[f"--set={s}" for s in sets],
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -95,8 +100,15 @@ def main() -> int:
     parser.add_argument(
         "--policy-batching", choices=("request", "merge"), default="request", help="ppo.policy_batching"
     )
+    parser.add_argument(
+        "--config",
+        type=Path,
+        help="job config (default: the env's shipped config, see CONFIGS; its [ppo] decides how "
+        "long an update trains, hence what async updates can overlap)",
+    )
     parser.add_argument("--json", help="write ratios and raw figures here")
     args = parser.parse_args()
+    config = args.config or CONFIGS.get(args.env, CONFIGS["CartPole-v1"])
     base = [
         f"env.envs_per_rank={args.envs_per_rank}",
         f"ppo.rollout_steps={args.rollout_steps}",
@@ -104,11 +116,14 @@ def main() -> int:
     ]
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        pipelined = run_job(args.env, args.iterations, root / "pipelined", [*base, "env.pipeline_stages=2"])
+        pipelined = run_job(
+            config, args.env, args.iterations, root / "pipelined", [*base, "env.pipeline_stages=2"]
+        )
         unpipelined = run_job(
-            args.env, args.iterations, root / "unpipelined", [*base, "env.pipeline_stages=1"]
+            config, args.env, args.iterations, root / "unpipelined", [*base, "env.pipeline_stages=1"]
         )
         asynchronous = run_job(
+            config,
             args.env,
             args.iterations,
             root / "async",
@@ -125,6 +140,9 @@ def main() -> int:
     }
     raw = {
         "env": args.env,
+        "config": str(config.relative_to(REPO) if config.is_relative_to(REPO) else config),
+        "train_s_per_update": sum(r["train_s"] for r in pipelined["records"][1:])
+        / max(1, len(pipelined["records"]) - 1),
         "policy_batching": args.policy_batching,
         "env_steps_per_iteration": 2 * args.envs_per_rank * args.rollout_steps,
         "split_rollout_steps_per_s": split,

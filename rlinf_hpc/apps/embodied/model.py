@@ -68,7 +68,10 @@ class ActorCritic(nn.Module):
         self, obs: torch.Tensor, noise: torch.Tensor, greedy: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Actions sampled with the caller's ``noise`` (``[n]`` uniforms or ``[n, d]``
-        normals), and their log-probabilities."""
+        normals), and their log-probabilities.
+
+        One forward pass: a Gaussian action's standardized offset *is* the noise, so its
+        log-prob comes from the noise (it equals `log_prob_entropy`'s to rounding, ~1e-7)."""
         out = self.actor(obs)
         if self.discrete:
             probs = torch.softmax(out, dim=-1)
@@ -80,5 +83,8 @@ class ActorCritic(nn.Module):
                 actions = actions.clamp(max=out.shape[-1] - 1)
             logp = torch.log_softmax(out, dim=-1).gather(-1, actions.unsqueeze(-1)).squeeze(-1)
             return actions, logp
-        actions = out if greedy else out + self.log_std.exp() * noise
-        return actions, self.log_prob_entropy(obs, actions)[0]
+        if greedy:
+            noise = torch.zeros_like(out)
+        actions = out + self.log_std.exp() * noise
+        logp = (-0.5 * noise**2 - self.log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+        return actions, logp
