@@ -12,6 +12,7 @@ import pytest
 from rlinf_hpc.apps.emulated.profiles import PROFILES
 from rlinf_hpc.config import load_config
 from rlinf_hpc.errors import UserError
+from rlinf_hpc.scheduler.cost_model import fit_engine
 from rlinf_hpc.scheduler.elastic import micro_batch_bound
 
 from conftest import CONFIGS, rlinf
@@ -43,6 +44,11 @@ class _Feed:
     def __init__(self, items: list[dict], arrivals: list[int]) -> None:
         self.items, self.arrivals, self.ended = list(items), list(arrivals), False
         self.available = 0
+        self.slots: int | None = None
+        self.reports: list[tuple[int, int, list[int]]] = []
+
+    def progress(self, decode_steps: int, active: int, finished: list[int] = ()) -> None:
+        self.reports.append((decode_steps, active, list(finished)))
 
     def take(self, max_items: int, wait: bool = False) -> list[dict]:
         self.available += self.arrivals.pop(0) if self.arrivals else 0
@@ -60,6 +66,7 @@ def _engine(lengths: list[int], arrivals: list[int]) -> tuple[object, list[list[
     stage.profile, stage.cost, stage.scale, stage._in_work = PROFILE, PROFILE.stages["rollout"], 1e-6, 0
     stage._reset()
     feed = _Feed([{"uid": i, "length": n} for i, n in enumerate(lengths)], arrivals)
+    stage.feed = feed
     return stage, list(stage.engine(feed))
 
 
@@ -80,6 +87,27 @@ def test_engine_costs_what_a_generate_call_costs_and_streams_in_order_of_length(
     apart = PROFILE.rollout_seconds(lengths[:half]) + PROFILE.rollout_seconds(lengths[half:])
     assert sum(len(c) for c in chunks) == len(lengths)
     assert stage._slept < 0.9 * apart
+
+
+def test_engine_reports_fit_a_model_that_predicts_other_shares() -> None:
+    """What the engine reports (`Feed.progress`), timed as the profile charges it, fits
+    `EngineModel` back to the profile: it predicts the engine's time on its own share and on a
+    share twice as large, where seconds per item from one share (linear) are far off."""
+    lengths = PROFILE.lengths(random.Random(5), 40)
+    stage, _ = _engine(lengths, [len(lengths)])
+    feed = stage.feed
+    assert feed.slots == PROFILE.slots
+    assert sorted(n for _, _, done in feed.reports for n in done) == sorted(lengths)
+    alpha, step = PROFILE.alpha, PROFILE.decode_step_s
+    timed = [(n * step * (alpha + (1 - alpha) * k / PROFILE.slots), n, k) for n, k, _ in feed.reports]
+    model = fit_engine(timed, lengths, feed.slots)
+    assert model.step_s == pytest.approx(step * alpha)
+    assert model.seq_step_s == pytest.approx(step * (1 - alpha) / PROFILE.slots)
+    assert model._time(list(lengths)) == pytest.approx(PROFILE.rollout_seconds(lengths))
+    doubled = PROFILE.rollout_seconds(lengths + lengths)
+    assert model._time(lengths + lengths) == pytest.approx(doubled)
+    linear = 2 * PROFILE.rollout_seconds(lengths)
+    assert linear > 1.3 * doubled  # what a per-item rate from the first share would predict
 
 
 def test_memory_bound_is_the_seeds_rule() -> None:

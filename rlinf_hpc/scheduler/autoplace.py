@@ -3,11 +3,12 @@
 The job starts with every component on every worker rank. After ``auto_warmup_steps`` pipeline
 steps, each stage's measured seconds per item (its slowest rank's busy time over an even share),
 switch time, finish time and (an engine's) time to first output become a `PhaseProfile`;
-`cost_model.predict` compares collocated against a disaggregated split
-of the worker ranks in proportion to the stages' work. If disaggregated wins, the coordinator
-re-partitions (ranks leave the components they no longer host, their state is torn down). It
-also bounds each stage's largest micro-batch by its device memory (0.3 x (device - model
-state) / memory per sample, as measured in the warm-up) and logs the figure. The
+`cost_model.predict` compares collocated against a disaggregated split of the worker ranks in
+proportion to the stages' work (an engine that reports its steps is modelled instead:
+`cost_model.EngineModel`, its time on another share of the requests). If disaggregated wins,
+the coordinator re-partitions (ranks leave the components they no longer host, their state is
+torn down). It also bounds each stage's largest micro-batch by its device memory (0.3 x (device
+- model state) / memory per sample, as measured in the warm-up) and logs the figure. The
 choice is logged and recorded with both predictions, and after the next step with the measured
 step time next to the predicted one.
 """
@@ -17,7 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from rlinf_hpc.log import get_logger
-from rlinf_hpc.scheduler.cost_model import PhaseProfile, Prediction, predict
+from rlinf_hpc.scheduler.cost_model import EngineModel, PhaseProfile, Prediction, fit_engine, predict
 from rlinf_hpc.scheduler.elastic import micro_batch_bound
 
 if TYPE_CHECKING:
@@ -41,8 +42,19 @@ def profiles_from_step(pipeline: Pipeline, result: StepResult) -> list[PhaseProf
         firsts = [r["first_output_s"] for r in replies if r.get("first_output_s") is not None]
         latency = sum(firsts) / len(firsts) if stage.continuous and firsts else None
         per_item = slowest * len(replies) / max(1, items)
-        profiles.append(PhaseProfile(stage.component, per_item, 0.0, switch, finish, latency))
+        engine = _engine_model(replies) if stage.continuous else None
+        profiles.append(PhaseProfile(stage.component, per_item, 0.0, switch, finish, latency, engine))
     return profiles
+
+
+def _engine_model(replies: list[dict[str, Any]]) -> EngineModel | None:
+    """The engine model of a continuous stage whose every rank reported its steps, pooled."""
+    reports = [r.get("engine") for r in replies]
+    if not reports or any(not report for report in reports):
+        return None
+    steps = [tuple(step) for report in reports for step in report["steps"]]
+    lengths = [n for report in reports for n in report["lengths"]]
+    return fit_engine(steps, lengths, min(int(report["slots"]) for report in reports))
 
 
 def mean_micro_batch(pipeline: Pipeline, result: StepResult) -> int:
@@ -181,4 +193,12 @@ def _profile_fields(profile: PhaseProfile) -> dict[str, Any]:
         "switch_seconds": profile.switch_seconds,
         "finish_seconds": profile.finish_seconds,
         "latency_seconds": profile.latency_seconds,
+        "engine": None
+        if profile.engine is None
+        else {
+            "step_s": profile.engine.step_s,
+            "seq_step_s": profile.engine.seq_step_s,
+            "slots": profile.engine.slots,
+            "requests": len(profile.engine.lengths),
+        },
     }

@@ -31,7 +31,9 @@ form one pipeline stage (they take turns, paying their switches), disjoint rank 
 
 from __future__ import annotations
 
+import heapq
 import math
+import random
 from dataclasses import dataclass, field
 
 
@@ -45,6 +47,79 @@ def pipeline_time(stage_times: list[float], num_micro_batches: int) -> float:
 def collocated_time(phase_times: list[float], switch_times: list[float] = ()) -> float:  # type: ignore[assignment]
     """Step time of phases run one after another on the same ranks, with switches between."""
     return sum(phase_times) + sum(switch_times)
+
+
+@dataclass(frozen=True)
+class EngineModel:
+    """A continuous-batching engine as its warm-up measured it: a decode step with ``k``
+    sequences in the batch takes ``step_s + seq_step_s * k`` seconds (fitted to the engine's
+    reported steps), each request needs one of ``lengths`` decode steps (the responses it
+    generated), and at most ``slots`` run at once.
+
+    Its time on a share of ``n`` requests is ``step_s * makespan + seq_step_s * sum(lengths)``,
+    the makespan from placing the requests into slots as they free: not linear in ``n``. Up to
+    ``slots`` requests the makespan is the longest response, so a small share costs nearly
+    what a larger one does — a linear model (seconds per item from one share) gets another
+    share's time wrong by as much as the tail is long.
+
+    >>> engine = EngineModel(step_s=0.01, seq_step_s=0.001, slots=4, lengths=(100,))
+    >>> engine.seconds(4, engines=1)  # one wave: 100 steps of 4 sequences
+    1.4
+    >>> engine.seconds(8, engines=1)  # two waves
+    2.8
+    >>> engine.seconds(2, engines=1)  # half full: the same 100 steps, cheaper each
+    1.2
+    """
+
+    step_s: float
+    seq_step_s: float
+    slots: int
+    lengths: tuple[int, ...]
+    #: Resamples of the lengths averaged per prediction (fixed seeds: deterministic).
+    draws: int = 8
+    _memo: dict[tuple[int, int], float] = field(default_factory=dict, compare=False, repr=False)
+
+    def seconds(self, per_engine: float, engines: int) -> float:
+        """Expected time of the slowest of ``engines`` engines with ``per_engine`` requests
+        each (requests drawn from the measured lengths)."""
+        n = max(0, round(per_engine))
+        if n == 0 or not self.lengths:
+            return 0.0
+        if len(set(self.lengths)) == 1:  # nothing to draw: every engine alike
+            return self._time([self.lengths[0]] * n)
+        key = (n, max(1, engines))
+        if key not in self._memo:
+            total = 0.0
+            for draw in range(self.draws):
+                rng = random.Random(draw * 1_000_003 + n * 101 + engines)
+                total += max(self._time(rng.choices(self.lengths, k=n)) for _ in range(key[1]))
+            self._memo[key] = total / self.draws
+        return self._memo[key]
+
+    def _time(self, lengths: list[int]) -> float:
+        slots = [0] * min(self.slots, len(lengths))
+        for length in lengths:  # each request takes the slot that frees first
+            heapq.heapreplace(slots, slots[0] + length)
+        return self.step_s * max(slots) + self.seq_step_s * sum(lengths)
+
+
+def fit_engine(steps: list[tuple[float, int, int]], lengths: list[int], slots: int) -> EngineModel | None:
+    """An `EngineModel` from ``(seconds, decode steps, sequences in the batch)`` samples: the
+    least-squares line of seconds per decode step over batch size (weighted by decode steps,
+    both coefficients >= 0). None without samples or lengths."""
+    samples = [(s / n, k, n) for s, n, k in steps if n > 0 and k > 0 and s >= 0]
+    if not samples or not lengths or slots < 1:
+        return None
+    weight = sum(n for _, _, n in samples)
+    mean_k = sum(k * n for _, k, n in samples) / weight
+    mean_t = sum(t * n for t, _, n in samples) / weight
+    var = sum(n * (k - mean_k) ** 2 for _, k, n in samples)
+    slope = sum(n * (k - mean_k) * (t - mean_t) for t, k, n in samples) / var if var > 0 else 0.0
+    slope = max(0.0, slope)
+    intercept = mean_t - slope * mean_k
+    if intercept < 0:  # a line through the origin instead
+        intercept, slope = 0.0, mean_t / mean_k
+    return EngineModel(intercept, slope, slots, tuple(lengths))
 
 
 @dataclass(frozen=True)
@@ -64,6 +139,15 @@ class PhaseProfile:
     #: item to its first output. None: a micro-batched stage, whose first output comes after one
     #: micro-batch.
     latency_seconds: float | None = None
+    #: A continuous stage whose engine reported its steps (`Feed.progress`): its time on a
+    #: share comes from this model instead of ``seconds_per_item`` (which stays its mean).
+    engine: EngineModel | None = None
+
+    def share_seconds(self, num_items: float, ranks: int) -> float:
+        """Time of this phase's whole share on ``ranks`` ranks (its slowest one, for an engine)."""
+        if self.engine is not None:
+            return self.engine.seconds(num_items / ranks, ranks)
+        return num_items * self.seconds_per_item / ranks
 
 
 @dataclass(frozen=True)
@@ -79,10 +163,20 @@ class Prediction:
         return "collocated" if self.collocated <= self.disaggregated else "disaggregated"
 
 
-def split_ranks(profiles: list[PhaseProfile], num_ranks: int) -> dict[str, int]:
+def split_ranks(
+    profiles: list[PhaseProfile],
+    num_ranks: int,
+    num_items: int | None = None,
+    micro_batch: int | None = None,
+) -> dict[str, int]:
     """Give each phase ranks in proportion to its work (at least one each): one rank each,
     then every further rank to the phase that is slowest per rank — the split whose bottleneck
     is smallest (rounding shares down first once left a 2-rank phase 1 rank, doubling the step).
+
+    With an engine among the phases (its time is not proportional to its share) and
+    ``num_items``/``micro_batch`` given, each further rank goes where the predicted step
+    (`placement_time`) is shortest instead: past its longest response an engine gains nothing
+    from more ranks, which the others can use.
 
     >>> split_ranks([PhaseProfile("gen", 2.75), PhaseProfile("train", 0.45)], 15)
     {'gen': 13, 'train': 2}
@@ -91,10 +185,32 @@ def split_ranks(profiles: list[PhaseProfile], num_ranks: int) -> dict[str, int]:
         raise ValueError(f"{len(profiles)} phases cannot run disaggregated on {num_ranks} ranks")
     work = {p.name: p.seconds_per_item for p in profiles}
     shares = dict.fromkeys(work, 1)
+    modelled = num_items is not None and micro_batch is not None and any(p.engine for p in profiles)
     while sum(shares.values()) < num_ranks:  # each rank where it shortens the bottleneck
         slowest = max(shares, key=lambda n: work[n] / shares[n])
+        if modelled:
+            times = {name: _split_time(profiles, shares, name, num_items, micro_batch) for name in shares}
+            best = min(times.values())
+            if times[slowest] > best * (1 + 1e-9):  # the proportional choice only on a tie
+                slowest = min(times, key=lambda n: (times[n], -work[n] / shares[n]))
         shares[slowest] += 1
     return shares
+
+
+def _split_time(
+    profiles: list[PhaseProfile],
+    shares: dict[str, int],
+    grow: str,
+    num_items: int | None,
+    micro_batch: int | None,
+) -> float:
+    assert num_items is not None and micro_batch is not None
+    sets, first = [], 0
+    for p in profiles:
+        count = shares[p.name] + (p.name == grow)
+        sets.append(set(range(first, first + count)))
+        first += count
+    return placement_time(profiles, num_items, micro_batch, sets)
 
 
 def predict(profiles: list[PhaseProfile], num_items: int, micro_batch: int, num_ranks: int) -> Prediction:
@@ -104,14 +220,14 @@ def predict(profiles: list[PhaseProfile], num_items: int, micro_batch: int, num_
     micro_batches = math.ceil(num_items / micro_batch)
     # collocated: each phase uses every rank on the whole batch, one micro-batch per rank share
     phases = [
-        num_items * p.seconds_per_item / num_ranks
+        p.share_seconds(num_items, num_ranks)
         + math.ceil(micro_batches / num_ranks) * p.overhead_per_micro_batch
         for p in profiles
     ]
     together = collocated_time(phases, [p.switch_seconds for p in profiles]) + profiles[-1].finish_seconds
     if num_ranks < len(profiles):
         return Prediction(together, math.inf, {})
-    ranks = split_ranks(profiles, num_ranks)
+    ranks = split_ranks(profiles, num_ranks, num_items, micro_batch)
     first, sets = 0, []
     for p in profiles:  # disjoint rank sets of the split's sizes
         sets.append(set(range(first, first + ranks[p.name])))
@@ -152,8 +268,8 @@ def placement_time(
         full, first = [], []
         for i in members:
             p = profiles[i]
-            if p.latency_seconds is not None:  # an engine: its share at its rate
-                full.append(num_items * p.seconds_per_item / len(ranks))
+            if p.latency_seconds is not None:  # an engine: its share at its rate (or model)
+                full.append(p.share_seconds(num_items, len(ranks)))
                 first.append(p.latency_seconds)
             else:
                 batch = (micro_batch * p.seconds_per_item + p.overhead_per_micro_batch) / len(ranks)

@@ -12,6 +12,11 @@ inference engine's own scheduler does (vLLM adds requests to a running batch bet
 The stage's busy time is the step's time minus the time the engine waited with nothing in work;
 it reports one "micro-batch" of everything it took (its sizes are the engine's business) and the
 time from its first item to its first output (the cost model's latency of the stage).
+
+An engine that also reports its steps (``feed.progress(decode_steps, active, finished)`` after
+each of its iterations, and ``feed.slots``) lets ``auto`` model it (`cost_model.EngineModel`):
+an engine's time is not proportional to its share of the requests (its longest response bounds
+it whatever the share), so one share's seconds per item mispredict another's.
 """
 
 from __future__ import annotations
@@ -45,6 +50,13 @@ class Feed:
         self.first_taken_at: float | None = None
         #: Seconds spent in ``take(wait=True)`` (the engine had nothing in work).
         self.wait_s = 0.0
+        #: The engine's batch capacity (sequences at once), if it says (`progress`).
+        self.slots: int | None = None
+        #: ``(seconds, decode steps, sequences in the batch)`` per reported iteration.
+        self.steps: list[tuple[float, int, int]] = []
+        #: Decode steps (tokens) of each finished request, as reported.
+        self.lengths: list[int] = []
+        self._mark: float | None = None  # the end of the last reported iteration or idle wait
 
     def take(self, max_items: int, wait: bool = False) -> list[Any]:
         if self.ended or max_items < 1:
@@ -58,10 +70,22 @@ class Feed:
         now = time.monotonic()
         if wait:
             self.wait_s += now - started
+            self._mark = now  # an idle wait is not part of the next iteration
         if items and self.first_taken_at is None:
             self.first_taken_at = now
         self.taken += len(items)
         return items
+
+    def progress(self, decode_steps: int, active: int, finished: list[int] | tuple[int, ...] = ()) -> None:
+        """Optional, for the cost model: the engine ran ``decode_steps`` decode steps with
+        ``active`` sequences in its batch since its last report (or since it last waited idle,
+        or its first take), and these requests finished (their decode steps each)."""
+        now = time.monotonic()
+        since = self._mark if self._mark is not None else self.first_taken_at
+        if since is not None and decode_steps > 0 and active > 0:
+            self.steps.append((now - since, int(decode_steps), int(active)))
+        self._mark = now
+        self.lengths.extend(int(n) for n in finished)
 
 
 def run_continuous(
@@ -106,4 +130,9 @@ def run_continuous(
         "busy_s": took - feed.wait_s,
         "wait_s": feed.wait_s,
         "first_output_s": first_output_s,
+        "engine": (
+            {"slots": feed.slots, "steps": feed.steps, "lengths": feed.lengths}
+            if feed.slots and feed.steps and feed.lengths
+            else None
+        ),
     }

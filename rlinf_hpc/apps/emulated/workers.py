@@ -78,6 +78,7 @@ class EmulatedStage(Worker):
         (sleep overshoot does not accumulate); time lost waiting for input or downstream is not
         made up."""
         profile, slots = self.profile, self.profile.slots
+        feed.slots = slots  # and `feed.progress` below: what the cost model needs of an engine
         active: list[tuple[int, int, dict[str, Any]]] = []  # (decode step it ends at, seq, item)
         clock = 0  # decode steps
         emulated = 0.0  # seconds of decode work so far
@@ -108,9 +109,11 @@ class EmulatedStage(Worker):
                 time.sleep(-lag)
             elif lag > ENGINE_QUANTUM * profile.decode_step_s * self.scale:
                 anchor += lag  # lost to the box or to backpressure: not made up
+            running = len(active)
             done = []
             while active and active[0][0] <= clock:
                 done.append(heapq.heappop(active)[2])
+            feed.progress(steps, running, [item["length"] for item in done])
             if done:
                 yield done
         self._account(admitted, emulated)
