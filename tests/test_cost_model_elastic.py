@@ -6,7 +6,14 @@ import math
 
 import pytest
 
-from rlinf_hpc.scheduler.cost_model import PhaseProfile, pipeline_time, placement_time, predict, split_ranks
+from rlinf_hpc.scheduler.cost_model import (
+    EngineModel,
+    PhaseProfile,
+    pipeline_time,
+    placement_time,
+    predict,
+    split_ranks,
+)
 from rlinf_hpc.scheduler.elastic import ElasticBatching
 
 
@@ -34,6 +41,23 @@ def test_an_engines_first_output_and_the_finish_set_the_pipeline_fill_and_tail()
     assert placement_time([engine, slow], 100, 10, [{1, 2}, {3}]) == pytest.approx(2.0 + 8.0 + 0.5)
     # collocated: one after the other on the same ranks
     assert placement_time([engine, actor], 100, 10, [{1, 2}, {1, 2}]) == pytest.approx(5.0 + 1.0 + 0.5)
+
+
+def test_a_modelled_engine_gets_the_ranks_it_can_use_and_no_more() -> None:
+    """An engine of 64 slots whose every request takes 100 decode steps costs the same on 1 to
+    64 requests: measured on 32 requests per rank, seconds per item (linear) would give it most
+    ranks; modelled, it gets the 4 that hold 256 requests in one wave and the trainer the rest."""
+    engine = EngineModel(step_s=0.01, seq_step_s=0.0, slots=64, lengths=(100,))
+    rollout = PhaseProfile("rollout", 1.0 / 32, latency_seconds=1.0, engine=engine)
+    actor = PhaseProfile("actor", 0.01)
+    assert rollout.share_seconds(256, 4) == pytest.approx(1.0) == rollout.share_seconds(256, 8)
+    assert rollout.share_seconds(256, 2) == pytest.approx(2.0)  # two waves
+    linear = split_ranks([PhaseProfile("rollout", 1.0 / 32, latency_seconds=1.0), actor], 12)
+    modelled = split_ranks([rollout, actor], 12, num_items=256, micro_batch=16)
+    assert linear["rollout"] >= 8 and modelled == {"rollout": 4, "actor": 8}
+    sets = [set(range(4)), set(range(4, 12))]
+    assert placement_time([rollout, actor], 256, 16, sets) == pytest.approx(1.0 + 256 * 0.01 / 8)
+    assert predict([rollout, actor], 256, 16, 12).ranks_per_phase == modelled
 
 
 def test_split_ranks_follows_work_and_uses_every_rank() -> None:

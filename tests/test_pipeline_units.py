@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -146,3 +147,40 @@ def test_continuous_stage_admits_as_it_has_room_and_must_take_everything() -> No
         run_continuous(engine, spec, engine.quits_early, _Source([1, 2]), out.extend)
     with pytest.raises(TypeError, match="_Engine.generate runs as a continuous stage, so it must be a gen"):
         run_continuous(engine, spec, engine.not_a_generator, _Source([1, 2]), out.extend)
+
+
+class _ReportingEngine(_Engine):
+    def generate(self, feed):
+        """Each round: sleeps 1 ms + 1 ms per admitted item, reports 10 decode steps."""
+        feed.slots = self.slots
+        while not feed.ended:
+            batch = feed.take(self.slots, wait=True)
+            if batch:
+                time.sleep(0.001 * (1 + len(batch)))
+                feed.progress(10, len(batch), [10] * len(batch))
+                yield batch
+
+
+def test_a_reporting_engine_becomes_an_engine_model() -> None:
+    """What an engine reports through `Feed.progress` comes back from the stage, and auto's
+    profile of it fits step time = a + b x batch from the timed reports."""
+    from rlinf_hpc.scheduler.protocol import StageSpec
+    from rlinf_hpc.workers.continuous import run_continuous
+
+    engine, out = _ReportingEngine(slots=4), []
+    spec = StageSpec("generate", "in", "out", continuous=True)
+    ran = run_continuous(engine, spec, engine.generate, _Source(list(range(13))), out.extend)
+    report = ran["engine"]
+    assert report["slots"] == 4 and report["lengths"] == [10] * 13
+    assert [(n, k) for _, n, k in report["steps"]] == [(10, 4), (10, 4), (10, 4), (10, 1)]
+    pipe = _pipeline({"a": [1], "b": [1]})
+    pipe.stages.clear()
+    pipe.stage("a", "generate", continuous=True).stage("b", "learn")
+    replies = [[{**ran, "switch_s": 0.0}], [{"items": 13, "busy_s": 0.1, "switch_s": 0.0}]]
+    model = profiles_from_step(pipe, StepResult(1, [], {}, 1.0, "auto", [], replies))[0].engine
+    assert model is not None and model.slots == 4 and len(model.lengths) == 13
+    # 10 decode steps took 1 ms + 1 ms per sequence (sleep overshoots: a little more)
+    assert 0.8e-4 < model.step_s < 3e-4 and 0.8e-4 < model.seq_step_s < 3e-4
+    # a stage that did not report (or not on every rank) has no model
+    replies[0][0]["engine"] = None
+    assert profiles_from_step(pipe, StepResult(1, [], {}, 1.0, "auto", [], replies))[0].engine is None

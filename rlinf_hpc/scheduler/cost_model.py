@@ -174,9 +174,10 @@ def split_ranks(
     is smallest (rounding shares down first once left a 2-rank phase 1 rank, doubling the step).
 
     With an engine among the phases (its time is not proportional to its share) and
-    ``num_items``/``micro_batch`` given, each further rank goes where the predicted step
-    (`placement_time`) is shortest instead: past its longest response an engine gains nothing
-    from more ranks, which the others can use.
+    ``num_items``/``micro_batch`` given, ranks go where they shorten the predicted step
+    (`placement_time`) most per rank instead, looking past plateaus (an engine gains nothing
+    from a rank until its requests fit in one wave fewer) and past its longest response, where
+    an engine gains nothing at all; ranks that shorten nothing are given out as above.
 
     >>> split_ranks([PhaseProfile("gen", 2.75), PhaseProfile("train", 0.45)], 15)
     {'gen': 13, 'train': 2}
@@ -185,31 +186,34 @@ def split_ranks(
         raise ValueError(f"{len(profiles)} phases cannot run disaggregated on {num_ranks} ranks")
     work = {p.name: p.seconds_per_item for p in profiles}
     shares = dict.fromkeys(work, 1)
-    modelled = num_items is not None and micro_batch is not None and any(p.engine for p in profiles)
+    if num_items is not None and micro_batch is not None and any(p.engine for p in profiles):
+        now = _split_time(profiles, shares, num_items, micro_batch)
+        while sum(shares.values()) < num_ranks:
+            left, best = num_ranks - sum(shares.values()), None
+            for name in shares:
+                for extra in range(1, left + 1):
+                    trial = {**shares, name: shares[name] + extra}
+                    time = _split_time(profiles, trial, num_items, micro_batch)
+                    gain = (now - time) / extra
+                    if gain > 1e-9 * now and (best is None or gain > best[0]):
+                        best = (gain, name, extra, time)
+            if best is None:
+                break
+            shares[best[1]] += best[2]
+            now = best[3]
     while sum(shares.values()) < num_ranks:  # each rank where it shortens the bottleneck
         slowest = max(shares, key=lambda n: work[n] / shares[n])
-        if modelled:
-            times = {name: _split_time(profiles, shares, name, num_items, micro_batch) for name in shares}
-            best = min(times.values())
-            if times[slowest] > best * (1 + 1e-9):  # the proportional choice only on a tie
-                slowest = min(times, key=lambda n: (times[n], -work[n] / shares[n]))
         shares[slowest] += 1
     return shares
 
 
 def _split_time(
-    profiles: list[PhaseProfile],
-    shares: dict[str, int],
-    grow: str,
-    num_items: int | None,
-    micro_batch: int | None,
+    profiles: list[PhaseProfile], shares: dict[str, int], num_items: int, micro_batch: int
 ) -> float:
-    assert num_items is not None and micro_batch is not None
     sets, first = [], 0
     for p in profiles:
-        count = shares[p.name] + (p.name == grow)
-        sets.append(set(range(first, first + count)))
-        first += count
+        sets.append(set(range(first, first + shares[p.name])))
+        first += shares[p.name]
     return placement_time(profiles, num_items, micro_batch, sets)
 
 
