@@ -41,6 +41,8 @@ def test_an_engines_first_output_and_the_finish_set_the_pipeline_fill_and_tail()
     assert placement_time([engine, slow], 100, 10, [{1, 2}, {3}]) == pytest.approx(2.0 + 8.0 + 0.5)
     # collocated: one after the other on the same ranks
     assert placement_time([engine, actor], 100, 10, [{1, 2}, {1, 2}]) == pytest.approx(5.0 + 1.0 + 0.5)
+    # the last micro-batch runs on one actor rank however many there are: the drain is not shared
+    assert placement_time([engine, actor], 100, 10, [{1, 2}, {3, 4}]) == pytest.approx(5.0 + 0.2 + 0.5)
 
 
 def test_a_modelled_engine_gets_the_ranks_it_can_use_and_no_more() -> None:

@@ -251,8 +251,9 @@ def placement_time(
     Stages whose ranks overlap form one group, run one after the other on its ranks (paying
     their switch times); groups on disjoint ranks pipeline. A group's *work* is its whole
     share of the items; its *latency* is how long the group after it waits for its first
-    output (one micro-batch, an engine's measured first output, or for a group of several
-    stages everything before its last stage plus that one's latency). The step takes the
+    output, and how long the last item takes through it (one micro-batch on one rank, an
+    engine's measured first output, or for a group of several stages everything before its
+    last stage plus that one's latency). The step takes the
     longest of (one group's work + every other group's latency) — the seed's formula
     ``sum_j t_j + (M - 1) t_b`` when every stage is micro-batched — plus the once-per-step
     finish of the last group's stages."""
@@ -275,10 +276,10 @@ def placement_time(
             if p.latency_seconds is not None:  # an engine: its share at its rate (or model)
                 full.append(p.share_seconds(num_items, len(ranks)))
                 first.append(p.latency_seconds)
-            else:
-                batch = (micro_batch * p.seconds_per_item + p.overhead_per_micro_batch) / len(ranks)
-                full.append(micro_batches * batch)
-                first.append(batch)
+            else:  # a micro-batch runs on one rank: the ranks share the work, not its latency
+                one = micro_batch * p.seconds_per_item + p.overhead_per_micro_batch
+                full.append(micro_batches * one / len(ranks))
+                first.append(one)
         works.append(sum(full))
         latencies.append(sum(full[:-1]) + first[-1])
         if len(members) > 1:
