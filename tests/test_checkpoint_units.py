@@ -258,7 +258,7 @@ def test_heartbeat_figures_survive_torch_being_imported_on_another_thread() -> N
     took the rank for frozen two minutes later."""
     program = """
 import threading, time
-from rlinf_hpc.runtime.watchdog import memory_in_use
+from rlinf_hpc.runtime.heartbeat import memory_in_use
 errors, done = [], threading.Event()
 def beat():
     while not done.is_set():

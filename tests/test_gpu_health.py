@@ -20,7 +20,8 @@ from rlinf_hpc.config.watchdog import WatchdogConfig
 from rlinf_hpc.runners.watching import act_on_gpu_alarm
 from rlinf_hpc.runtime import signals
 from rlinf_hpc.runtime.gpu_health import GpuGuard, open_guard
-from rlinf_hpc.runtime.watchdog import Heartbeat, Watchdog
+from rlinf_hpc.runtime.heartbeat import Heartbeat
+from rlinf_hpc.runtime.watchdog import Watchdog
 
 from conftest import job_env, probe_toml, rlinf
 

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from rlinf_hpc.runtime.watchdog import Heartbeat, Watchdog
+from rlinf_hpc.runtime.heartbeat import Heartbeat
+from rlinf_hpc.runtime.watchdog import Watchdog
 
 from conftest import BIN, probe_toml, rlinf, start_job, survivors, wait_for_pids
 
@@ -213,7 +214,7 @@ def test_a_failing_heartbeat_figure_is_logged_once_and_the_beat_goes_on(
 ) -> None:
     """A bug in what a beat reports must not end the heartbeat thread (the watchdog would name
     the rank frozen two minutes later): it is logged once and the next beats still land."""
-    from rlinf_hpc.runtime import watchdog as module
+    from rlinf_hpc.runtime import heartbeat as module
 
     calls = {"n": 0}
     real = module.memory_in_use
@@ -251,7 +252,7 @@ def test_a_worker_leaving_because_the_coordinator_died_says_it_left(tmp_path: Pa
               "roles": "coordinator", "activity": "flow", "since": time.time()}  # fmt: skip
     (beats / "rank-0.json").write_text(json.dumps(record))
     script = (
-        "import sys, time\nfrom pathlib import Path\nfrom rlinf_hpc.runtime.watchdog import Heartbeat\n"
+        "import sys, time\nfrom pathlib import Path\nfrom rlinf_hpc.runtime.heartbeat import Heartbeat\n"
         "Heartbeat(Path(sys.argv[1]), 2, interval=0.1)\ntime.sleep(30)\nsys.exit(5)\n"
     )
     done = subprocess.run(

@@ -26,11 +26,11 @@ from rlinf_hpc.runtime.checkpoint.manager import CheckpointManager
 from rlinf_hpc.runtime.checkpoint.state import seed_process
 from rlinf_hpc.runtime.console import print_table
 from rlinf_hpc.runtime.events import EventLog
+from rlinf_hpc.runtime.heartbeat import Heartbeat
 from rlinf_hpc.runtime.rundir import RunDirectory, default_run_dir
 from rlinf_hpc.runtime.signals import install_signal_handlers
 from rlinf_hpc.runtime.stragglers import StragglerDetector, make_straggler_hook
 from rlinf_hpc.runtime.timeline import Timeline, write_spans
-from rlinf_hpc.runtime.watchdog import Heartbeat
 from rlinf_hpc.scheduler import Coordinator, placement_rows
 from rlinf_hpc.workers import WorkerService, resolve_worker_class
 

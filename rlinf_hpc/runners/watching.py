@@ -14,11 +14,12 @@ from rlinf_hpc.log import get_logger
 from rlinf_hpc.runtime import deathwatch
 from rlinf_hpc.runtime.events import EventLog
 from rlinf_hpc.runtime.gpu_health import FAULT_KINDS
+from rlinf_hpc.runtime.heartbeat import HEARTBEATS, read_heartbeat
 from rlinf_hpc.runtime.leaks import LeakMonitor, make_step_hook
 from rlinf_hpc.runtime.nccl import NcclLogWatch
 from rlinf_hpc.runtime.rundir import RunDirectory
 from rlinf_hpc.runtime.signals import request_stop
-from rlinf_hpc.runtime.watchdog import HEARTBEATS, Watchdog, rank_of_process, read_heartbeat
+from rlinf_hpc.runtime.watchdog import Watchdog, rank_of_process
 from rlinf_hpc.scheduler import Coordinator
 
 log = get_logger("job")

@@ -30,8 +30,8 @@ import sys
 import time
 from pathlib import Path
 
+from rlinf_hpc.runtime.heartbeat import HEARTBEATS, read_heartbeat, record_culprit
 from rlinf_hpc.runtime.ownership import pid_alive
-from rlinf_hpc.runtime.watchdog import HEARTBEATS, read_heartbeat, record_culprit
 
 #: Written into RUN_DIR/heartbeats/ once the watch is on.
 READY = "deathwatch.json"

@@ -18,7 +18,7 @@ from typing import Any
 import tomllib
 
 from rlinf_hpc.errors import UserError
-from rlinf_hpc.runtime.watchdog import HEARTBEATS, read_heartbeat
+from rlinf_hpc.runtime.heartbeat import HEARTBEATS, read_heartbeat
 
 _MARKERS = ("summary.json", "events.jsonl", HEARTBEATS)
 

@@ -1,17 +1,13 @@
-"""Heartbeats on every rank, and rank 0's watch over them: a rank that stopped or died is named.
+"""Rank 0's watch over every rank's heartbeat (`runtime.heartbeat`): a rank that stopped or
+died is named.
 
-Every rank runs a `Heartbeat` thread (it sleeps between beats: no busy-waiting) that writes
-``RUN_DIR/heartbeats/rank-N.json`` every ``heartbeat_s``: pid, host, the components it serves,
-and what its main thread is doing (the method and since when). A long call keeps beating — the
-thread is not the main thread — so the watch checks liveness, not call length.
-
-Rank 0's `Watchdog` thread reads them. A rank whose heartbeat is older than ``hang_timeout_s``
-(SIGSTOP, a frozen process, a node gone) or whose process vanished (this host only: its pid
-is gone) is reported with its rank, components, host and activity; every rank's Python stack
-goes to ``RUN_DIR/stacks/`` first — live ranks dump their own (`faulthandler`, from the
-heartbeat thread, so a main thread stuck in MPI still answers); a stopped one on this host is
-read from outside with py-spy when that works (``rank-N.py-spy.txt``), else it is sent SIGCONT
-so that it dumps its own. Then the job's ``on_fatal`` ends it.
+Rank 0's `Watchdog` thread reads the heartbeats. A rank whose heartbeat is older than
+``hang_timeout_s`` (SIGSTOP, a frozen process, a node gone) or whose process vanished (this
+host only: its pid is gone) is reported with its rank, components, host and activity; every
+rank's Python stack goes to ``RUN_DIR/stacks/`` first — live ranks dump their own (`faulthandler`,
+from the heartbeat thread, so a main thread stuck in MPI still answers); a stopped one on this
+host is read from outside with py-spy when that works (``rank-N.py-spy.txt``), else it is sent
+SIGCONT so that it dumps its own. Then the job's ``on_fatal`` ends it.
 
 Heartbeats travel through the run directory, so a multi-node job needs the run directory on
 a shared filesystem; ranks whose heartbeats rank 0 never sees are reported once and not watched.
@@ -20,8 +16,6 @@ a shared filesystem; ranks whose heartbeats rank 0 never sees are reported once 
 from __future__ import annotations
 
 import contextlib
-import faulthandler
-import json
 import os
 import shutil
 import signal
@@ -34,189 +28,19 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from rlinf_hpc.comm.waiting import current_wait
-from rlinf_hpc.imports import loaded
 from rlinf_hpc.log import get_logger
-from rlinf_hpc.runtime.ownership import pid_alive
+from rlinf_hpc.runtime.heartbeat import (
+    DUMP_REQUEST,
+    HEARTBEATS,
+    STACKS,
+    describe_problem,
+    dump_own_stacks,
+    pid_in_record_alive,
+    read_heartbeat,
+)
 from rlinf_hpc.runtime.stuck import stuck_waits
 
 log = get_logger("watchdog")
-
-HEARTBEATS = "heartbeats"
-STACKS = "stacks"
-DUMP_REQUEST = "DUMP"
-
-
-class Heartbeat:
-    """This rank's heartbeat thread; `doing` records what the main thread is busy with."""
-
-    def __init__(self, run_dir: Path, rank: int, interval: float, hang_timeout_s: float = 120.0) -> None:
-        self.run_dir = run_dir
-        self.hang_timeout_s = hang_timeout_s
-        self.dir = run_dir / HEARTBEATS
-        self.stacks = run_dir / STACKS
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.rank = rank
-        self.interval = interval
-        self.roles = "coordinator" if rank == 0 else ""
-        self.activity, self.since = "starting", time.time()
-        self._dumped: str | None = None
-        self._errors: set[str] = set()  # kinds of beat failures logged already
-        self.gpu: Any = None  # `GpuGuard` once a component of this rank works on a GPU
-        self._stop = threading.Event()
-        self._write_lock = threading.Lock()  # the main thread beats too, on a new component
-        self._beat()
-        self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
-        self._thread.start()
-
-    def doing(self, activity: str | None, roles: str | None = None) -> None:
-        self.activity, self.since = activity or "idle", time.time()
-        if roles is not None and roles != self.roles:
-            self.roles = roles
-            with contextlib.suppress(OSError):
-                self._beat()  # a new component: say so now, not at the next beat
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            self._poll_gpu()
-            try:
-                self._beat()
-                self._answer_dump_request()
-                if self.rank != 0:
-                    self._watch_coordinator()
-            except OSError as exc:  # a full or vanished run directory: say so once, stop beating
-                log.warning("heartbeat of rank %d stopped: %s", self.rank, exc)
-                return
-            except Exception as exc:  # noqa: BLE001 - a bug in one figure must not silence the rank
-                # (the thread ended here before, and the watchdog named the rank frozen 2 min
-                # later); said once per kind of error, the next beat tries again
-                kind = f"{type(exc).__name__}: {exc}"
-                if kind not in self._errors:
-                    self._errors.add(kind)
-                    log.exception("heartbeat of rank %d failed (%s); it goes on beating", self.rank, kind)
-
-    def watch_gpu(self, guard: Any) -> None:
-        """Poll ``guard`` (a `GpuGuard`) on every beat and carry its figures and alarms."""
-        self.gpu = guard
-
-    def _poll_gpu(self) -> None:
-        if self.gpu is None:
-            return
-        try:
-            self.gpu.poll()
-        except Exception as exc:  # noqa: BLE001 - a broken NVML must not stop the heartbeat
-            log.warning("GPU health checks of rank %d stopped: %s", self.rank, exc)
-            self.gpu = None
-
-    def _beat(self, left: bool = False) -> None:
-        record = {
-            "rank": self.rank, "pid": os.getpid(), "host": socket.gethostname(), "time": time.time(),
-            "roles": self.roles, "activity": self.activity, "since": self.since, "left": left,
-            "wait": current_wait(),
-            **memory_in_use(), **(self.gpu.record() if self.gpu is not None else {}),
-        }  # fmt: skip
-        path = self.dir / f"rank-{self.rank}.json"
-        tmp = path.with_name(f".{path.name}.tmp")
-        with self._write_lock:
-            tmp.write_text(json.dumps(record), encoding="utf-8")
-            tmp.replace(path)
-
-    def _answer_dump_request(self) -> None:
-        try:
-            request = (self.dir / DUMP_REQUEST).read_text(encoding="utf-8").strip()
-        except FileNotFoundError:
-            return
-        if request and request != self._dumped:
-            self._dumped = request
-            dump_own_stacks(self.stacks, self.rank, request)
-
-    def _watch_coordinator(self) -> None:
-        """A worker's watch over rank 0, which nothing else watches: when it died (this host)
-        or went silent, say so, record it in the summary (rank 1) and leave — with Hydra's
-        auto-cleanup off nothing else would end this rank."""
-        record = read_heartbeat(self.dir / "rank-0.json")
-        if record is None or record.get("left"):
-            return
-        problem = None
-        if record.get("host") == socket.gethostname() and not _pid_is_alive(record.get("pid")):
-            problem = {"rank": 0, "kind": "died", "age_s": 0.0, "record": record}
-        elif time.time() - float(record.get("time", time.time())) > self.hang_timeout_s:
-            problem = {
-                "rank": 0,
-                "kind": "stopped",
-                "age_s": time.time() - float(record["time"]),
-                "record": record,
-            }
-        if problem is None:
-            return
-        log.error("job failed: %s; rank %d leaves", describe_problem(problem), self.rank)
-        if self.rank == 1:
-            record_culprit(self.run_dir, problem)
-        with contextlib.suppress(OSError):  # it leaves on purpose: not a rank that died
-            self._beat(left=True)
-        os._exit(1)
-
-    def close(self) -> None:
-        """The rank leaves normally: a last beat says so (the watch then ignores it)."""
-        self._stop.set()
-        self._thread.join(timeout=self.interval + 1)
-        if self.gpu is not None:
-            self.gpu.close()
-        try:
-            self.doing("left")
-            self._beat(left=True)
-        except OSError:
-            pass
-
-
-def memory_in_use() -> dict[str, float]:
-    """This process's host RSS and, where CUDA is up, its device memory in use (MB)."""
-    out: dict[str, float] = {}
-    try:
-        import psutil
-
-        out["rss_mb"] = psutil.Process().memory_info().rss / 2**20
-    except Exception:  # noqa: BLE001 - no psutil: no memory figures
-        pass
-    torch = loaded("torch")  # never import torch here: only report what is in use
-    try:
-        if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
-            out["device_mb"] = torch.cuda.memory_allocated() / 2**20
-    except Exception:  # noqa: BLE001 - a figure must never stop the heartbeat thread
-        pass
-    return out
-
-
-def dump_own_stacks(directory: Path, rank: int, request: str) -> Path:
-    """Every thread's Python stack of this process into ``directory/rank-N.txt``."""
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"rank-{rank}.txt"
-    with path.open("w", encoding="utf-8") as out:
-        out.write(f"# rank {rank} pid {os.getpid()} host {socket.gethostname()} request {request}\n")
-        out.flush()
-        faulthandler.dump_traceback(out, all_threads=True)
-    return path
-
-
-def record_culprit(run_dir: Path, problem: dict[str, Any]) -> None:
-    """Mark this run's summary as ended by ``problem`` (when rank 0, its owner, cannot)."""
-    path = run_dir / "summary.json"
-    try:
-        summary = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        summary = {}
-    record = problem["record"]
-    summary.update(
-        outcome=f"rank {problem['kind']}",
-        interrupted=True,
-        culprit={"rank": problem["rank"], "component": record.get("roles"), "host": record.get("host"),
-                 "error": problem["kind"], "activity": record.get("activity")},
-    )  # fmt: skip
-    if problem.get("simultaneous"):  # [{rank, component}] of exits seen together with this one
-        summary["culprit"]["simultaneous"] = problem["simultaneous"]
-    tmp = path.with_name(".summary.json.watchdog")
-    tmp.write_text(json.dumps(summary, indent=2), encoding="utf-8")
-    tmp.replace(path)
 
 
 def rank_of_process(run_dir: Path, host: str, pid: int) -> int | None:
@@ -226,14 +50,6 @@ def rank_of_process(run_dir: Path, host: str, pid: int) -> int | None:
         if record and record.get("pid") == pid and record.get("host") == host:
             return int(record["rank"])
     return None
-
-
-def read_heartbeat(path: Path) -> dict[str, Any] | None:
-    try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return None
-    return record if isinstance(record, dict) else None
 
 
 class Watchdog:
@@ -278,7 +94,7 @@ class Watchdog:
                 continue
             self._seen.add(rank)
             age = now - float(record.get("time", now))
-            if record.get("host") == host and not _pid_is_alive(record.get("pid")):
+            if record.get("host") == host and not pid_in_record_alive(record.get("pid")):
                 problems.append({"rank": rank, "kind": "died", "age_s": age, "record": record})
             elif age > self.hang_timeout_s:
                 problems.append({"rank": rank, "kind": "stopped", "age_s": age, "record": record})
@@ -352,21 +168,6 @@ class Watchdog:
         self._thread.join(timeout=self.interval + 1)
 
 
-def describe_problem(problem: dict[str, Any]) -> str:
-    record = problem["record"]
-    doing = record.get("activity") or "idle"
-    busy_for = time.time() - float(record.get("since", time.time()))
-    who = f"rank {problem['rank']} ({record.get('roles') or 'no component'}) on {record.get('host')}"
-    if problem["kind"] == "died":
-        return f"{who}, pid {record.get('pid')}, died while in {doing} ({busy_for:.0f} s)"
-    if problem["kind"] == "stuck":
-        return f"{who}, pid {record.get('pid')}: {problem['detail']}"
-    return (
-        f"{who}, pid {record.get('pid')}: no heartbeat for {problem['age_s']:.0f} s while in {doing} "
-        "(the process is stopped or frozen: SIGSTOP, a debugger, swapping, a lost node)"
-    )
-
-
 def collect_stacks(run_dir: Path, problems: list[dict[str, Any]], wait_s: float = 4.0) -> Path:
     """Ask every live rank to dump its stacks; read stopped ranks on this host with py-spy."""
     stacks = run_dir / STACKS
@@ -397,8 +198,3 @@ def collect_stacks(run_dir: Path, problems: list[dict[str, Any]], wait_s: float 
                 os.kill(pid, signal.SIGCONT)
     time.sleep(wait_s)  # live ranks answer at their next beat
     return stacks
-
-
-def _pid_is_alive(pid: Any) -> bool:
-    """`pid_alive` for a heartbeat's pid field (not a number: assume it runs)."""
-    return not isinstance(pid, int) or pid_alive(pid)

@@ -137,7 +137,7 @@ class Worker:
         import gc
 
         from rlinf_hpc.imports import loaded
-        from rlinf_hpc.runtime.watchdog import memory_in_use
+        from rlinf_hpc.runtime.heartbeat import memory_in_use
 
         gc.collect()
         torch = loaded("torch")
