@@ -172,7 +172,7 @@ def test_a_reporting_engine_becomes_an_engine_model() -> None:
     ran = run_continuous(engine, spec, engine.generate, _Source(list(range(13))), out.extend)
     report = ran["engine"]
     assert report["slots"] == 4 and report["lengths"] == [10] * 13
-    assert [(n, k) for _, n, k in report["steps"]] == [(10, 4), (10, 4), (10, 4), (10, 1)]
+    assert [(n, k) for _, n, k in report["steps"]] == [(10, 1), (30, 4)]  # summed per batch size
     pipe = _pipeline({"a": [1], "b": [1]})
     pipe.stages.clear()
     pipe.stage("a", "generate", continuous=True).stage("b", "learn")

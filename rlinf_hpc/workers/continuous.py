@@ -52,8 +52,9 @@ class Feed:
         self.wait_s = 0.0
         #: The engine's batch capacity (sequences at once), if it says (`progress`).
         self.slots: int | None = None
-        #: ``(seconds, decode steps, sequences in the batch)`` per reported iteration.
-        self.steps: list[tuple[float, int, int]] = []
+        #: Seconds and decode steps reported, summed per batch size (bounded by the slots
+        #: however many steps an engine reports; the cost model's fit is the same).
+        self._by_active: dict[int, list[float]] = {}
         #: Decode steps (tokens) of each finished request, as reported.
         self.lengths: list[int] = []
         self._mark: float | None = None  # the end of the last reported iteration or idle wait
@@ -83,9 +84,16 @@ class Feed:
         now = time.monotonic()
         since = self._mark if self._mark is not None else self.first_taken_at
         if since is not None and decode_steps > 0 and active > 0:
-            self.steps.append((now - since, int(decode_steps), int(active)))
+            entry = self._by_active.setdefault(int(active), [0.0, 0])
+            entry[0] += now - since
+            entry[1] += int(decode_steps)
         self._mark = now
         self.lengths.extend(int(n) for n in finished)
+
+    @property
+    def steps(self) -> list[tuple[float, int, int]]:
+        """``(seconds, decode steps, sequences in the batch)`` per batch size reported."""
+        return [(s, int(n), k) for k, (s, n) in sorted(self._by_active.items())]
 
 
 def run_continuous(
