@@ -10,6 +10,11 @@ Ratios (required bounds in REQUIRED):
 - ``pipelined_vs_unpipelined``: rollout env steps/s with ``env.pipeline_stages = 2`` / ``1``.
 - ``async_vs_sync``: mean wall seconds per update, synchronous / asynchronous updates; the final
   returns of both (mean of the last 20 episodes) are reported next to it, at equal env steps.
+
+Each job runs the env's shipped config (`CONFIGS`; Hopper: 10 epochs x 16 minibatches, as PPO
+baselines for MuJoCo train) with the env count and rollout length above; async updates can only
+overlap what the update trains, so a config with little training (CartPole's 4 x 4) bounds
+``async_vs_sync`` near 1 + train / rollout whatever the runtime does.
 """
 
 from __future__ import annotations
