@@ -159,8 +159,11 @@ class AutoPlacement:
         self._bound_micro_batches(pipeline)
         profiles = profiles_from_step(pipeline, result)
         ranks = list(self.coordinator.worker_ranks)
-        micro_batch = self.coordinator.config.pipeline.micro_batch
-        prediction = predict(profiles, num_items, micro_batch, len(ranks))
+        config = self.coordinator.config.pipeline
+        # elastic: while a stage waits on the one before (the pipeline's fill and drain, which
+        # is when one micro-batch's time counts), that one shrinks its micro-batches to the least
+        micro_batch = config.min_micro_batch if config.elastic else config.micro_batch
+        prediction = predict(profiles, num_items, micro_batch, len(ranks), measured_collocated=result.seconds)
         self.prediction, self.choice = prediction, prediction.choice
         log.info(
             "auto: warm-up step %.3f s; predicted collocated %.3f s, disaggregated %.3f s %s -> %s",
