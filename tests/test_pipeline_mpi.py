@@ -88,11 +88,13 @@ def test_micro_batch_shrinks_while_downstream_waits_on_a_slow_stage(tmp_path: Pa
         tmp_path,
         "latency",
         '[components.producer]\nworker = "rlinf_hpc.apps.toy.workers:ToyStage"\n'
-        'options = { operation = "affine", seconds_per_item = 0.01 }\n'  # injected latency
+        'options = { operation = "affine", seconds_per_item = 0.02 }\n'  # injected latency
         '[components.consumer]\nworker = "rlinf_hpc.apps.toy.workers:ToyStage"\n'
         'options = { operation = "negate" }\n'
-        # at 8 items the consumer waits ~0.08 s a micro-batch: 0.03 s leaves a 2.7x margin (with
-        # 0.05 s, 1.6x, the sizes stopped above 4 in 2 of ~14 runs on a slow box)
+        # at 8 items the consumer waits ~0.16 s a micro-batch: 0.03 s leaves a 5x margin (with
+        # 0.05 s and 0.01 s per item, the sizes stopped above 4 in 2 of ~14 runs on a slow box;
+        # with 0.01 s, once beside another test worker's MPI jobs: a call's sleep overshoot under
+        # load reads as a costlier per-item time at the smaller size, and the halving is undone)
         "[pipeline]\nmicro_batch = 32\nmin_micro_batch = 4\nmax_micro_batch = 64\nwait_threshold_s = 0.03\n"
         '[flow]\nrunner = "toy_pipeline"\noptions = { steps = 2, num_items = 128 }\n',
     )
