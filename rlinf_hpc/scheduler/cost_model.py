@@ -85,15 +85,16 @@ class EngineModel:
         n = max(0, round(per_engine))
         if n == 0 or not self.lengths:
             return 0.0
-        if len(set(self.lengths)) == 1:  # nothing to draw: every engine alike
-            return self._time([self.lengths[0]] * n)
         key = (n, max(1, engines))
         if key not in self._memo:
-            total = 0.0
-            for draw in range(self.draws):
-                rng = random.Random(draw * 1_000_003 + n * 101 + engines)
-                total += max(self._time(rng.choices(self.lengths, k=n)) for _ in range(key[1]))
-            self._memo[key] = total / self.draws
+            if len(set(self.lengths)) == 1:  # nothing to draw: every engine alike
+                self._memo[key] = self._time([self.lengths[0]] * n)
+            else:
+                total = 0.0
+                for draw in range(self.draws):
+                    rng = random.Random(draw * 1_000_003 + n * 101 + engines)
+                    total += max(self._time(rng.choices(self.lengths, k=n)) for _ in range(key[1]))
+                self._memo[key] = total / self.draws
         return self._memo[key]
 
     def _time(self, lengths: list[int]) -> float:
@@ -210,11 +211,16 @@ def split_ranks(
 def _split_time(
     profiles: list[PhaseProfile], shares: dict[str, int], num_items: int, micro_batch: int
 ) -> float:
+    return placement_time(profiles, num_items, micro_batch, _disjoint_sets(profiles, shares))
+
+
+def _disjoint_sets(profiles: list[PhaseProfile], shares: dict[str, int]) -> list[set[int]]:
+    """Rank sets of the shares' sizes, one after the other, in the profiles' order."""
     sets, first = [], 0
     for p in profiles:
         sets.append(set(range(first, first + shares[p.name])))
         first += shares[p.name]
-    return placement_time(profiles, num_items, micro_batch, sets)
+    return sets
 
 
 def predict(
@@ -252,11 +258,7 @@ def predict(
     if num_ranks < len(profiles):
         return Prediction(max(together, measured_collocated or 0.0), math.inf, {})
     ranks = split_ranks(profiles, num_ranks, num_items, micro_batch)
-    first, sets = 0, []
-    for p in profiles:  # disjoint rank sets of the split's sizes
-        sets.append(set(range(first, first + ranks[p.name])))
-        first += ranks[p.name]
-    apart = placement_time(profiles, num_items, micro_batch, sets)
+    apart = _split_time(profiles, ranks, num_items, micro_batch)
     if measured_collocated is not None and measured_collocated > together:
         # per rank: one call per stage collocated, one call disaggregated
         together, apart = measured_collocated, apart + (measured_collocated - together) / len(profiles)

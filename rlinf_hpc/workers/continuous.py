@@ -139,8 +139,8 @@ def run_continuous(
         "wait_s": feed.wait_s,
         "first_output_s": first_output_s,
         "engine": (
-            {"slots": feed.slots, "steps": feed.steps, "lengths": feed.lengths}
-            if feed.slots and feed.steps and feed.lengths
+            {"slots": feed.slots, "steps": steps, "lengths": feed.lengths}
+            if feed.slots and (steps := feed.steps) and feed.lengths
             else None
         ),
     }
