@@ -319,6 +319,7 @@ class DataPlane:
         return {
             "links_live": self.links.live(),
             "links_created": self.links.created,
+            "link_resends": self.links.resends,
             **self._outbox.counts(),
             **self._inbox.counts(),
         }

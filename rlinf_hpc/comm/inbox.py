@@ -65,7 +65,8 @@ class Incoming:
             if not all(work.is_completed() for work in self.works):
                 return False
             for work in self.works:
-                work.wait()  # raises if the link failed
+                work.wait()  # raises if the link failed and its bytes were not resent
+                self.values[work.index] = work.value  # a resend lands in a tensor of its own
             self.works = []
         return True
 
@@ -203,10 +204,14 @@ class Inbox:
         views: list[memoryview | None] = []
         if any(route in LINK_ROUTES for route in routes):
             values = []
-            for node, route in zip(nodes, routes, strict=True):
+            # the message's number on each link it uses (the sender counted the same way)
+            used = set(routes) & set(LINK_ROUTES)
+            links = {route: self._links.incoming(rank, route, None) for route in used}
+            numbers = {route: link.next_message() for route, link in links.items()}
+            for index, (node, route) in enumerate(zip(nodes, routes, strict=True)):
                 if route in LINK_ROUTES:
                     value = self._link_buffer(node, route)
-                    works.append(self._links.incoming(rank, route, None).recv(value))
+                    works.append(self._links.receive(links[route], value, numbers[route], index))
                     view = None
                 else:
                     value, view = allocate_leaf(node)

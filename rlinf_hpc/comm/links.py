@@ -9,19 +9,23 @@ waits; after that, every large leaf on that route goes over the link, in message
 
 If a link cannot be set up (no route to the store, NCCL init error, timeout) both sides notice
 — setup is a rendezvous — and the message's leaves travel the host path instead; the pair is
-marked so that later messages do not retry, and one warning says why. Links of ranks whose place
-in the job changes are released on every peer when the new directory arrives.
+marked so that later messages do not retry, and one warning says why. A link that fails *during*
+a transfer is handled the same way, and the transfer is resent over MPI (`linkwork`). Links of
+ranks whose place in the job changes are released on every peer when the new directory arrives.
 """
 
 from __future__ import annotations
 
 import datetime
 import itertools
-import threading
-from dataclasses import dataclass, field
+import os
+from dataclasses import dataclass
 from typing import Any
 
+from rlinf_hpc.comm import wire
 from rlinf_hpc.comm.interfaces import pin_socket_interfaces
+from rlinf_hpc.comm.linkwork import LinkRecv, LinkSend
+from rlinf_hpc.comm.mpi import mpi
 from rlinf_hpc.comm.routing import GLOO, NCCL
 from rlinf_hpc.log import get_logger
 
@@ -41,34 +45,9 @@ def _first_line(exc: BaseException) -> str:
 
 #: Link rendezvous stores use MPI tags from here on (the data plane's own tags are below).
 _LINK_TAG_BASE = 1000
-
-
-class LinkWork:
-    """A send or receive on a link, completed by a helper thread.
-
-    gloo's point-to-point work objects report completion only through ``wait()`` (neither
-    ``is_completed()`` nor futures track it), so a thread waits (GIL released) and the data
-    plane polls `is_completed` like an MPI request.
-    """
-
-    def __init__(self, work: Any) -> None:
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(work,), daemon=True, name="rlinf-link-work")
-        self._thread.start()
-
-    def _run(self, work: Any) -> None:
-        try:
-            work.wait()
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
-            self._error = exc
-
-    def is_completed(self) -> bool:
-        return not self._thread.is_alive()
-
-    def wait(self) -> None:
-        self._thread.join()
-        if self._error is not None:
-            raise RuntimeError(f"link transfer failed: {self._error}") from self._error
+#: The MPI tag of transfers resent after their link failed (see `linkwork`).
+RESEND_TAG = 23
+_NCCL_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
 
 
 @dataclass
@@ -80,21 +59,26 @@ class Link:
     link_id: str
     group: Any = None
     store: Any = None
-    works: list[Any] = field(default_factory=list)
+    #: Messages carried so far (both sides count them in envelope order: a resend names its
+    #: message by this number).
+    messages: int = 0
+    #: Set when a transfer on it failed: it takes no new work, its pair uses the host path.
+    failed: bool = False
 
-    def send(self, tensor: Any) -> LinkWork:
-        return LinkWork(self.group.send([tensor], 1, 0))
+    def next_message(self) -> int:
+        self.messages += 1
+        return self.messages
 
-    def recv(self, tensor: Any) -> LinkWork:
-        return LinkWork(self.group.recv([tensor], 0, 0))
-
-    def close(self) -> None:
-        shutdown = getattr(self.group, "shutdown", None)
-        if callable(shutdown):
-            try:
-                shutdown()
-            except Exception:  # noqa: BLE001 - closing a broken link must not raise
-                log.debug("shutdown of link %s failed", self.link_id)
+    def close(self, abort: bool = False) -> None:
+        """Shut the group down; ``abort``: also end transfers in flight (a failed link)."""
+        for name in ("abort", "shutdown") if abort else ("shutdown",):
+            method = getattr(self.group, name, None)
+            if callable(method):
+                try:
+                    method()
+                    break
+                except Exception:  # noqa: BLE001 - closing a broken link must not raise
+                    log.debug("%s of link %s failed", name, self.link_id)
         self.group = None
         self.store = None
 
@@ -107,7 +91,19 @@ def _make_group(backend: str, store: Any, rank: int, timeout: datetime.timedelta
     if backend == NCCL:
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timeout
-        return dist.ProcessGroupNCCL(store, rank, 2, options)
+        # The job tears a process down on an NCCL error (runtime/nccl.py: collectives must not
+        # hang); a link's error must instead reach its work, which then resends over MPI
+        # (`linkwork`): CleanUpOnly (2) aborts the link's communicator and fails its work. The
+        # group reads the variable when it is built.
+        previous = os.environ.get(_NCCL_ERROR_HANDLING)
+        os.environ[_NCCL_ERROR_HANDLING] = "2"
+        try:
+            return dist.ProcessGroupNCCL(store, rank, 2, options)
+        finally:
+            if previous is None:
+                os.environ.pop(_NCCL_ERROR_HANDLING, None)
+            else:
+                os.environ[_NCCL_ERROR_HANDLING] = previous
     raise ValueError(f"unknown link backend {backend!r}")
 
 
@@ -124,8 +120,15 @@ class Links:
         self._broken: set[tuple[int, str]] = set()
         self._counter = itertools.count()
         self.created = 0
+        #: Resent transfers that arrived, by (link id, message, leaf) (see `linkwork`).
+        self._resent: dict[tuple[str, int, int], bytearray] = {}
+        #: Transfers resent over MPI after their link failed.
+        self.resends = 0
         #: Test hook: advertise a store tag the sender does not use (exercises the fallback path).
         self.fault_bad_address = False
+        #: Test hooks: fail this many of the next link sends / receives as a broken link would.
+        self.fault_fail_sends = 0
+        self.fault_fail_recvs = 0
 
     # -- sender ----------------------------------------------------------------------------
     def outgoing(self, peer: int, backend: str) -> tuple[Link | None, tuple | None]:
@@ -192,6 +195,67 @@ class Links:
 
         return MPIStore(self.comm, [self.rank, peer], tag, self.timeout.total_seconds())
 
+    # -- transfers (see `linkwork`) --------------------------------------------------------
+    def send(self, link: Link, tensor: Any, message: int, index: int) -> LinkSend:
+        """Send leaf ``index`` of message ``message`` on ``link`` (resent over MPI if it fails)."""
+        return LinkSend(self, link, tensor, message, index)
+
+    def receive(self, link: Link, tensor: Any, message: int, index: int) -> LinkRecv:
+        return LinkRecv(self, link, tensor, message, index)
+
+    def take_injected_fault(self, side: str) -> BaseException | None:
+        """The test hooks' failure for the next send or receive (``side``), if one is due."""
+        attribute = f"fault_fail_{side}s"
+        if getattr(self, attribute) <= 0:
+            return None
+        setattr(self, attribute, getattr(self, attribute) - 1)
+        return RuntimeError(f"injected link failure ({side}; test hook)")
+
+    def failed(self, link: Link, error: BaseException) -> None:
+        """A transfer on ``link`` failed: close it (ending its other transfers in flight, here
+        and on the peer) and send this pair's later messages over the host path."""
+        if link.failed:
+            return
+        link.failed = True
+        key = (link.peer, link.backend)
+        if self._outgoing.get(key) is link:
+            del self._outgoing[key]
+            self._broken.add(key)
+        link.close(abort=True)
+        log.warning(
+            "link %s (rank %d <-> rank %d over %s) failed during a transfer (%s): its transfers are "
+            "resent over the MPI host path, and this pair uses that path from now on",
+            link.link_id, self.rank, link.peer, link.backend, _first_line(error),
+        )  # fmt: skip
+
+    def resend(self, peer: int, key: tuple[str, int, int], tensor: Any) -> tuple[Any, bytearray]:
+        """Post the MPI resend of a failed link transfer: (request, buffer to keep until done)."""
+        import torch
+
+        data = tensor.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy()
+        buffer = wire.encode(key, [memoryview(data)])
+        self.resends += 1
+        return self.comm.Isend([buffer, mpi().BYTE], peer, RESEND_TAG), buffer
+
+    def resent(self, peer: int, key: tuple[str, int, int]) -> bytearray | None:
+        """The resent bytes of ``key`` if they arrived from ``peer`` (taking in what is there)."""
+        MPI = mpi()
+        status = MPI.Status()
+        while (message := self.comm.Improbe(peer, RESEND_TAG, status)) is not None:
+            buffer = bytearray(status.Get_count(MPI.BYTE))
+            message.Recv([buffer, MPI.BYTE])
+            header, tail = wire.decode(buffer)
+            self._resent[tuple(header)] = bytearray(tail)
+        return self._resent.pop(key, None)
+
+    @staticmethod
+    def fill(like: Any, data: bytearray) -> Any:
+        """A tensor like ``like`` (dtype, shape, device) holding the resent ``data``."""
+        import torch
+
+        flat = torch.frombuffer(data, dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+        return flat.view(like.dtype).reshape(like.shape).to(like.device)
+
     # -- lifecycle -------------------------------------------------------------------------
     def _give_up(self, key: tuple[int, str], reason: str) -> None:
         self._broken.add(key)
@@ -215,4 +279,4 @@ class Links:
 
     def live(self) -> int:
         """Number of links (either direction) currently open on this rank."""
-        return len(self._outgoing) + len(self._incoming)
+        return len(self._outgoing) + sum(not link.failed for link in self._incoming.values())

@@ -215,13 +215,15 @@ class Outbox:
         for backend, link in links.items():
             if link.group is None and not self.links.establish(link):  # the peer fails too
                 routes = [HOST if r == backend else r for r in routes]
-        for leaf, route in zip(leaves, routes, strict=True):
+        # the message's number on each link it uses (the receiver counts the same way)
+        numbers = {backend: link.next_message() for backend, link in links.items() if backend in routes}
+        for index, (leaf, route) in enumerate(zip(leaves, routes, strict=True)):
             if route == INLINE:
                 continue
             if route != HOST:
                 tensor = leaf.value.detach().contiguous()
                 record.buffers.append(tensor)
-                record.works.append(links[route].send(tensor))
+                record.works.append(self.links.send(links[route], tensor, numbers[route], index))
                 continue
             for piece in staged_chunks(leaf, chunk):
                 record.buffers.append(piece)

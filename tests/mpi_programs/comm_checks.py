@@ -503,6 +503,43 @@ def check_links(size: int, peer: int) -> None:
     world().Barrier()
 
 
+def check_link_fails_during_transfer(size: int, peer: int) -> None:
+    """A link that breaks during a transfer (either side): the message arrives intact over the
+    MPI host path, as do the messages behind it in flight on the same link, and the pair's
+    later messages take the host path; nothing raises."""
+    directory = Directory(groups={"workers": list(range(1, size))}, world_size=size)
+    for side in ("send", "recv"):
+        plane = DataPlane(directory, options=CommOptions(cpu_link="gloo", link_timeout_s=5))
+        messages = [{"w": torch.arange(300_000, dtype=torch.float32) + k, "k": k} for k in range(5)]
+        if plane.rank == 0:
+            plane.send(messages[0], peer, tag="lf", timeout=60)  # the link is up and carries it
+            world().Barrier()
+            if side == "send":
+                plane.links.fault_fail_sends = 1
+            handles = [plane.isend(m, peer, tag="lf") for m in messages[1:4]]  # in flight together
+            for handle in handles:
+                handle.wait(60)
+            plane.send(messages[4], peer, tag="lf", timeout=60)  # after the failure: host path
+            stats = plane.pending()
+            assert stats["links_live"] == 0 and plane.links._broken == {(peer, "gloo")}, stats
+            assert stats["link_resends"] >= 1, stats
+            assert stats["links_created"] == 1, stats  # no second link for this pair
+        elif plane.rank == peer:
+            assert same(plane.recv(0, tag="lf", timeout=60), messages[0])
+            world().Barrier()
+            if side == "recv":
+                plane.links.fault_fail_recvs = 1
+            started = time.monotonic()
+            for message in messages[1:]:
+                got = plane.recv(0, tag="lf", timeout=60)
+                assert same(got, message), (side, message["k"], got["k"])
+            assert time.monotonic() - started < 30, time.monotonic() - started
+            assert plane.pending()["links_live"] == 0, plane.pending()
+        else:
+            world().Barrier()
+        world().Barrier()
+
+
 def check_bad_input(plane: DataPlane, peer: int, size: int) -> None:
     try:
         plane.isend({"batch": [0, 1, 2, Batch(torch.ones(1), {1, 2}, {})]}, peer)
@@ -623,6 +660,7 @@ def main() -> int:
         ("bad_input", lambda: check_bad_input(plane, peer, size)),
         ("hypothesis_ring", lambda: check_hypothesis_ring(plane, size)),
         ("links", lambda: check_links(size, peer)),
+        ("link_fails", lambda: check_link_fails_during_transfer(size, peer)),
     ]
     return run_checks(checks, "ALL CHECKS OK", "COMM_CHECKS")
 

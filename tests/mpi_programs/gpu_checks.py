@@ -69,7 +69,26 @@ def main() -> int:
                 assert torch.equal(got, tensor.to(device))
             assert plane.pending()["links_live"] == 0
 
-        checks += [("nccl_link", nccl), ("nccl_setup_failure_falls_back", nccl_fallback)]
+        def nccl_fails_during_transfer() -> None:
+            plane = DataPlane(directory, device=device, options=CommOptions(link_timeout_s=5))
+            tensors = [torch.full((4 * 2**20,), float(k), device=device) for k in range(3)]
+            if rank == 0:
+                plane.send(tensors[0], 1)  # the link is up
+                plane.links.fault_fail_sends = 1
+                plane.send(tensors[1], 1)  # fails on the link: resent over MPI
+                plane.send(tensors[2], 1)  # the pair's host path
+                assert plane.pending()["link_resends"] == 1, plane.pending()
+            else:
+                for tensor in tensors:
+                    got = plane.recv(0)
+                    assert got.device == torch.device(device) and torch.equal(got, tensor.to(device))
+            assert plane.pending()["links_live"] == 0, plane.pending()
+
+        checks += [
+            ("nccl_link", nccl),
+            ("nccl_setup_failure_falls_back", nccl_fallback),
+            ("nccl_link_fails_during_transfer", nccl_fails_during_transfer),
+        ]
 
     return run_checks(checks, f"ALL GPU CHECKS OK ({num_gpus} GPU(s))", "GPU_CHECKS")
 
