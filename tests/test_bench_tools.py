@@ -179,6 +179,6 @@ def test_bench_scale_runs_the_emulated_cluster_and_writes_every_ratio(tmp_path: 
     assert Path(data["png"]).stat().st_size > 1000
     events = (tmp_path / "runs" / "grpo-7b-auto-8" / "events.jsonl").read_text().splitlines()
     bounds = {
-        e["component"]: e["bound"] for e in map(json.loads, events) if e["event"] == "auto_micro_batch_bound"
+        e["component"]: e["bound"] for e in map(json.loads, events) if e["event"] == "micro_batch_bound"
     }
     assert bounds == {"rollout": 330, "inference": 396, "actor": 49}  # 0.3 x (80 GB - state) / per sample

@@ -127,6 +127,30 @@ def test_micro_batch_grows_under_memory_pressure(tmp_path: Path) -> None:
     assert max(s for stage in consumer for s in stage["micro_batch_sizes"]) > 8
 
 
+def test_memory_pressure_never_grows_a_micro_batch_past_the_device_memory_bound(tmp_path: Path) -> None:
+    """Outside auto too: after the first step each stage's largest micro-batch is the seed's
+    0.3 x (device - state) / per sample (here 0.3 x 80 / 1.5 = 16), so the memory rule's
+    doubling stops there (it reached the configured maximum, 32, in the first step)."""
+    device = "memory_profile = { device_gb = 80, state_gb = 0, gb_per_sample = 1.5 }"
+    config = _write(
+        tmp_path,
+        "bound",
+        '[components.producer]\nworker = "rlinf_hpc.apps.toy.workers:ToyStage"\n'
+        'options = { operation = "affine" }\n'
+        '[components.consumer]\nworker = "rlinf_hpc.apps.toy.workers:ToyStage"\n'
+        f'options = {{ operation = "negate", memory_fraction = 0.95, {device} }}\n'
+        "[pipeline]\nmicro_batch = 8\nmin_micro_batch = 8\nmax_micro_batch = 32\n"
+        '[flow]\nrunner = "toy_pipeline"\noptions = { steps = 3, num_items = 200 }\n',
+    )
+    run = _run(tmp_path, config)
+    consumer = _stage(run["events"], "consumer")
+    assert max(consumer[0]["micro_batch_sizes"]) == 32  # not bounded before it was measured
+    assert max(s for stage in consumer[1:] for s in stage["micro_batch_sizes"]) == 16
+    bounds = [e for e in run["events"] if e["event"] == "micro_batch_bound"]
+    assert [(e["component"], e["bound"]) for e in bounds] == [("consumer", 16)]
+    assert "largest micro-batch of consumer = 0.3 x (80.0 GB device - 0.0 GB state)" in run["output"]
+
+
 def test_fixed_micro_batches_are_full_even_when_items_trickle_in(tmp_path: Path) -> None:
     """elastic = false: a fixed pipeline's stage waits for a whole micro-batch, although
     backpressure lets only 2 items at a time be in flight to it (so no deadlock either); only

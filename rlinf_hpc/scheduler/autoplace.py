@@ -7,10 +7,10 @@ switch time, finish time and (an engine's) time to first output become a `PhaseP
 proportion to the stages' work (an engine that reports its steps is modelled instead:
 `cost_model.EngineModel`, its time on another share of the requests). If disaggregated wins,
 the coordinator re-partitions (ranks leave the components they no longer host, their state is
-torn down). It also bounds each stage's largest micro-batch by its device memory (0.3 x (device
-- model state) / memory per sample, as measured in the warm-up) and logs the figure. The
-choice is logged and recorded with both predictions, and after the next step with the measured
-step time next to the predicted one.
+torn down). The choice is logged and recorded with both predictions, and after the next step
+with the measured step time next to the predicted one. (Every pipeline, auto's too, bounds each
+stage's largest micro-batch by its device memory after its first step:
+`Pipeline.bound_micro_batches`.)
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 
 from rlinf_hpc.log import get_logger
 from rlinf_hpc.scheduler.cost_model import EngineModel, PhaseProfile, Prediction, fit_engine, predict
-from rlinf_hpc.scheduler.elastic import micro_batch_bound
 
 if TYPE_CHECKING:
     from rlinf_hpc.scheduler.coordinator import Coordinator
@@ -132,31 +131,7 @@ class AutoPlacement:
                 measured_s=result.seconds,
             )
 
-    def _bound_micro_batches(self, pipeline: Pipeline) -> None:
-        """The largest micro-batch of each stage from its ranks' device memory (the seed's rule,
-        `micro_batch_bound`, with the memory per sample the warm-up measured), logged."""
-        for stage in pipeline.stages:
-            profiles = [
-                p for p in self.coordinator.group(stage.component).call("memory_profile").result() if p
-            ]
-            if not profiles:
-                continue
-            device = min(p["device_bytes"] for p in profiles)
-            state = max(p["state_bytes"] for p in profiles)
-            per_sample = max(p["bytes_per_sample"] for p in profiles)
-            bound = micro_batch_bound(device, state, per_sample)
-            pipeline.micro_batch_bounds[stage.component] = bound
-            log.info(
-                "auto: largest micro-batch of %s = 0.3 x (%.1f GB device - %.1f GB state) / %.3f GB "
-                "per sample = %d", stage.component, device / 1e9, state / 1e9, per_sample / 1e9, bound,
-            )  # fmt: skip
-            self.coordinator.record(
-                "auto_micro_batch_bound", component=stage.component, bound=bound, device_bytes=device,
-                state_bytes=state, bytes_per_sample=per_sample,
-            )  # fmt: skip
-
     def _decide(self, pipeline: Pipeline, result: StepResult, num_items: int) -> None:
-        self._bound_micro_batches(pipeline)
         profiles = profiles_from_step(pipeline, result)
         ranks = list(self.coordinator.worker_ranks)
         config = self.coordinator.config.pipeline

@@ -36,6 +36,7 @@ from rlinf_hpc.comm import Backoff
 from rlinf_hpc.errors import CommTimeoutError
 from rlinf_hpc.log import get_logger
 from rlinf_hpc.scheduler.autoplace import AutoPlacement
+from rlinf_hpc.scheduler.elastic import micro_batch_bound
 from rlinf_hpc.scheduler.protocol import StageSpec
 
 if TYPE_CHECKING:
@@ -87,8 +88,9 @@ class Pipeline:
         self._step = 0
         self._streams: list[str] = []
         self._auto = AutoPlacement(coordinator) if coordinator.config.placement.mode == "auto" else None
-        #: Component -> the largest micro-batch its device memory allows (set by ``auto``).
+        #: Component -> the largest micro-batch its device memory allows (`bound_micro_batches`).
         self.micro_batch_bounds: dict[str, int] = {}
+        self._bounded = False
 
     def stage(
         self,
@@ -142,6 +144,7 @@ class Pipeline:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._step = state["step"]
         self.micro_batch_bounds = dict(state.get("micro_batch_bounds", {}))
+        self._bounded = bool(self.micro_batch_bounds)
         if self._auto is not None and state["auto"] is not None:
             self._auto.load_state_dict(state["auto"])
 
@@ -233,7 +236,43 @@ class Pipeline:
             [[{k: v for k, v in r.items() if k != "finish"} for r in rs] for rs in replies],
         )
 
+    def bound_micro_batches(self) -> None:
+        """The largest micro-batch of each stage from its ranks' device memory, by the seed's
+        rule (`elastic.micro_batch_bound`: 0.3 x (device - model state) / memory per sample,
+        with the memory per sample the ranks measured, `Worker.memory_profile`), logged and
+        recorded. Elastic sizing then never grows a micro-batch past it (its memory rule
+        doubles the size under pressure); fixed micro-batches larger than it get a warning."""
+        config = self.coordinator.config.pipeline
+        for stage in self.stages:
+            replies = self.coordinator.group(stage.component).call("memory_profile").result()
+            profiles = [p for p in replies if p]
+            if not profiles:
+                continue
+            device = min(p["device_bytes"] for p in profiles)
+            state = max(p["state_bytes"] for p in profiles)
+            per_sample = max(p["bytes_per_sample"] for p in profiles)
+            bound = micro_batch_bound(device, state, per_sample)
+            log.info(
+                "%s: largest micro-batch of %s = 0.3 x (%.1f GB device - %.1f GB state) / %.3f GB per "
+                "sample = %d", self.name, stage.component, device / 1e9, state / 1e9, per_sample / 1e9, bound,
+            )  # fmt: skip
+            self.coordinator.record(
+                "micro_batch_bound", pipeline=self.name, component=stage.component, bound=bound,
+                device_bytes=device, state_bytes=state, bytes_per_sample=per_sample,
+            )  # fmt: skip
+            if config.elastic:
+                self.micro_batch_bounds[stage.component] = bound
+            elif config.micro_batch > bound:
+                log.warning(
+                    "%s: pipeline.micro_batch = %d is more than %s's device memory allows by the "
+                    "rule above (%d); with pipeline.elastic = false it is kept: lower it if the "
+                    "ranks run out of memory", self.name, config.micro_batch, stage.component, bound,
+                )  # fmt: skip
+        self._bounded = True
+
     def _after_step(self, result: StepResult, num_items: int) -> None:
+        if not self._bounded:  # the ranks have measured their memory per sample now
+            self.bound_micro_batches()
         if self._auto is not None:
             self._auto.after_step(self, result, num_items)
         for hook in self.coordinator.step_hooks:  # e.g. the memory-leak monitor

@@ -152,7 +152,7 @@ class Worker:
         return device_memory_fraction(self.device)
 
     def memory_profile(self) -> dict[str, float] | None:
-        """What ``auto`` sizes this stage's largest micro-batch from
+        """What the pipeline bounds this stage's largest micro-batch by
         (`rlinf_hpc.scheduler.elastic.micro_batch_bound`): ``device_bytes``, ``state_bytes``
         (resident model state) and ``bytes_per_sample``. The
         default measures it on CUDA ranks during the stage's micro-batches (peak allocation

@@ -30,12 +30,14 @@ class ToyStage(Worker):
         seconds_per_item: float = 0.0,
         state_mb: float = 0.0,
         memory_fraction: float | None = None,
+        memory_profile: dict[str, float] | None = None,
     ) -> None:
         if operation not in _OPERATIONS:
             raise ValueError(f"operation must be one of {sorted(_OPERATIONS)}, got '{operation}'")
         self.operation = operation
         self.seconds_per_item = float(seconds_per_item)
         self._memory_fraction = memory_fraction
+        self._memory_profile = memory_profile
         self._sum = 0
         self.state = None
         if state_mb > 0:
@@ -50,6 +52,14 @@ class ToyStage(Worker):
     def memory_fraction(self) -> float:
         """The configured fraction when given (to try the elastic sizing), else the real one."""
         return super().memory_fraction() if self._memory_fraction is None else self._memory_fraction
+
+    def memory_profile(self) -> dict[str, float] | None:
+        """The configured device (``{device_gb, state_gb, gb_per_sample}``) when given, to try
+        the micro-batch bound without a GPU; else the real measurement."""
+        if self._memory_profile is None:
+            return super().memory_profile()
+        keys = {"device_gb": "device_bytes", "state_gb": "state_bytes", "gb_per_sample": "bytes_per_sample"}
+        return {keys[k]: float(v) * 1e9 for k, v in self._memory_profile.items()}
 
     def process(self, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if self.seconds_per_item:
