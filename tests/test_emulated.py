@@ -118,7 +118,8 @@ def test_memory_bound_is_the_seeds_rule() -> None:
 def test_profile_and_components_must_match() -> None:
     with pytest.raises(UserError, match="'embodied' has the stages \\['env', 'policy', 'actor'\\]"):
         load_config(CONFIGS / "emulated_grpo_7b.toml", ["emulation.profile=embodied"])
-    with pytest.raises(UserError, match="'grpo-8b' is not a profile; choose one of grpo-7b"):
+    near = "'grpo-8b' is not a profile \\(did you mean 'grpo-7b'\\?\\): use a built-in one"
+    with pytest.raises(UserError, match=near):
         load_config(CONFIGS / "emulated_grpo_7b.toml", ["emulation.profile=grpo-8b"])
 
 
@@ -172,3 +173,94 @@ def test_one_step_off_policy_generates_the_next_step_while_the_actor_trains(tmp_
         assert rollout[k + 1]["start"] < actor[k]["end"], (rollout, actor)
     bad = rlinf(*args, "--set", "placement.mode=auto", timeout=60)
     assert bad.returncode == 2 and "runs two pipelines at once" in bad.output, bad.output
+
+
+def _profile_file(tmp_path: Path, text: str, name: str = "mine.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_a_profile_file_changes_a_built_in_one_or_defines_its_own_stages(tmp_path: Path) -> None:
+    from rlinf_hpc.apps.emulated.profile_file import get_profile
+
+    longer = _profile_file(
+        tmp_path,
+        'base = "grpo-7b"\nlong = [1500, 6000]\nlong_fraction = 0.03\n'
+        "[stages.actor]\nseconds_per_token = 8e-4\n",
+    )
+    profile = get_profile(str(longer))
+    assert profile.name == "mine" and profile.long == (1500, 6000) and profile.long_fraction == 0.03
+    assert profile.stages["actor"].seconds_per_token == 8e-4
+    assert profile.stages["actor"].finish_s == PROFILE.stages["actor"].finish_s  # the rest is 7B's
+    assert list(profile.stages) == list(PROFILE.stages) and profile.slots == PROFILE.slots
+    own = _profile_file(
+        tmp_path,
+        'name = "two-stage"\nsamples_per_step = 64\nsync_to = ["gen"]\n'
+        '[stages.gen]\nkind = "generate"\nstate_gb = 10\ngb_per_sample = 0.1\n'
+        '[stages.train]\nkind = "per_token"\nseconds_per_token = 1e-4\nfinish_s = 0.5\n',
+        "own.toml",
+    )
+    profile = get_profile(str(own))
+    assert list(profile.stages) == ["gen", "train"] and profile.samples_per_step == 64
+    assert profile.max_micro_batch("gen") == micro_batch_bound(80e9, 10e9, 0.1e9)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('base = "grpo-7b"\nslot = 32\n', "unknown key 'slot' (did you mean 'slots'?)"),
+        (
+            'base = "grpo-7b"\n[stages.actor]\nseconds_per_tokn = 1\n',
+            "did you mean 'stages.actor.seconds_per_token'",
+        ),
+        ('base = "grpo-7b"\n[stages.extra]\nseconds_per_call = 1\n', "stages.extra needs a kind"),
+        ('base = "grpo-7b"\n[stages.actor]\nkind = "train"\n', "stages.actor.kind must be one of generate"),
+        ('base = "grpo-7b"\nlong = [2000, 1500]\n', "long must be [low, high] with 1 <= low <= high"),
+        ('base = "grpo-7b"\nalpha = 1.5\n', "alpha must be a number from 0 to 1"),
+        ('base = "grpo-7b"\ndecode_step_s = 0\n', "decode_step_s must be a number > 0"),
+        ('base = "grpo-7b"\nsync_to = ["rolout"]\n', "sync_to names 'rolout', which is not a stage"),
+        ('base = "grpo-7b"\n[stages.actor]\nstate_gb = 90\n', "does not fit the device"),
+        ('base = "grpo-9b"\n', "base = 'grpo-9b' is not a built-in profile"),
+        ("samples_per_step = 8\n", "no stages"),
+        ("base = \n", "not valid TOML"),
+    ],
+)
+def test_a_bad_profile_file_is_named_with_what_is_wrong(tmp_path: Path, text: str, message: str) -> None:
+    from rlinf_hpc.apps.emulated.profile_file import ProfileError, get_profile
+
+    path = _profile_file(tmp_path, text)
+    with pytest.raises(ProfileError) as error:
+        get_profile(str(path))
+    assert message in str(error.value) and str(path) in str(error.value)
+
+
+def test_a_job_runs_a_profile_of_ones_own_and_a_bad_one_stops_before_any_rank_starts(tmp_path: Path) -> None:
+    """A two-stage profile whose stages are not the built-ins' names (the trainer is the last
+    stage, whatever its name); the config names its components after it."""
+    own = _profile_file(
+        tmp_path,
+        'name = "two-stage"\nsamples_per_step = 64\nsync_to = ["gen"]\nslots = 16\n'
+        '[stages.gen]\nkind = "generate"\nstate_gb = 10\ngb_per_sample = 0.1\n'
+        '[stages.train]\nkind = "per_token"\nseconds_per_token = 1e-4\nfinish_s = 0.5\nstate_gb = 20\n',
+        "own.toml",
+    )
+    worker = 'worker = "rlinf_hpc.apps.emulated.workers:EmulatedStage"\n'
+    config = tmp_path / "job.toml"
+    config.write_text(
+        '[job]\nname = "own"\nnum_ranks = 3\n'
+        f"[components.gen]\n{worker}[components.train]\n{worker}"
+        '[placement]\nmode = "disaggregated"\n'
+        f'[emulation]\nprofile = "{own}"\nsteps = 3\ntime_scale = 0.005\n'
+        '[flow]\nrunner = "emulated_rl"\n'
+    )
+    run = tmp_path / "run"
+    result = rlinf("run", str(config), "--run-dir", str(run), timeout=240)
+    assert result.returncode == 0, result.output
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["profile"] for r in records] == ["two-stage"] * 3
+    assert set(records[-1]["phases_s"]) == {"gen", "train"} and records[-1]["weight_sync_s"] > 0
+    own.write_text(own.read_text().replace("slots = 16", "slots = 0"))
+    bad = rlinf("run", str(config), "--run-dir", str(tmp_path / "bad"), timeout=60)
+    assert bad.returncode == 2 and "slots must be a whole number >= 1, got 0" in bad.output, bad.output
+    assert "Traceback" not in bad.output

@@ -2,7 +2,7 @@
 """M2Flow at cluster scale on a small box — EMULATED accelerators (``emulated_rl`` app).
 
     python tools/bench_scale.py [--json PATH] [--png PATH] [--ranks 8,16,32]
-                                [--profile grpo-7b] [--others grpo-1.5b,grpo-32b,embodied]
+                                [--profile grpo-7b|FILE.toml] [--others grpo-1.5b,...]
                                 [--others-ranks 16] [--steps 5] [--time-scale 0.01] [--quick]
 
 Every stage sleeps what a real device would spend (rlinf_hpc/apps/emulated/profiles.py:
@@ -61,6 +61,7 @@ from benchlib import check_ratios, write_json
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from rlinf_hpc.apps.emulated.profile_file import ProfileError, get_profile  # noqa: E402
 from rlinf_hpc.apps.emulated.profiles import PROFILES, Profile  # noqa: E402
 from rlinf_hpc.scheduler.cost_model import PhaseProfile, split_ranks  # noqa: E402
 
@@ -102,6 +103,18 @@ def work_split(
     return split_ranks(costs, workers)
 
 
+def hybrid_pair(profile: Profile) -> tuple[str, str]:
+    """The two stages hybrid puts on shared ranks: the model stages a step runs first (rollout
+    and inference of an LLM step; policy and actor of an embodied one), else the first two on a
+    device."""
+    stages = list(profile.stages)
+    for pair in (("rollout", "inference"), ("policy", "actor")):
+        if all(s in stages for s in pair):
+            return pair
+    on_device = [s for s in stages if profile.stages[s].on_device] + stages
+    return on_device[0], next(s for s in on_device if s != on_device[0])
+
+
 def mode_settings(mode: str, profile: Profile, workers: int, samples: int, micro_batch: int) -> list[str]:
     stages = list(profile.stages)
     elastic = [
@@ -138,7 +151,7 @@ def mode_settings(mode: str, profile: Profile, workers: int, samples: int, micro
     if mode == "collocated":
         return ["placement.mode=collocated", *every, *elastic]
     if mode == "hybrid":  # the two model stages share ranks, the rest get their own
-        shared = ("rollout", "inference") if "rollout" in stages else ("policy", "actor")
+        shared = hybrid_pair(profile)
         others = [s for s in stages if s not in shared]
         split = work_split(profile, workers, micro_batch, ["+".join(shared), *others])
         sets = [f"components.{s}.num_ranks={split['+'.join(shared)]}" for s in shared]
@@ -150,7 +163,9 @@ def mode_settings(mode: str, profile: Profile, workers: int, samples: int, micro
     return ["placement.mode=auto", *every, *elastic]
 
 
-def config_text(profile: Profile, time_scale: float, steps: int) -> str:
+def config_text(profile: Profile, spec: str, time_scale: float, steps: int) -> str:
+    """The job's config for ``profile`` (``spec``: its built-in name or its file's path)."""
+    where = Path(spec).resolve() if spec.endswith(".toml") else spec
     components = "".join(
         f'[components.{name}]\nworker = "rlinf_hpc.apps.emulated.workers:EmulatedStage"\n\n'
         for name in profile.stages
@@ -159,7 +174,7 @@ def config_text(profile: Profile, time_scale: float, steps: int) -> str:
         f'[job]\nname = "emulated-{profile.name}"\nnum_ranks = 8\ncall_timeout_s = 300\n\n{components}'
         '[placement]\nmode = "disaggregated"\nswitch = "full"\n\n'
         "[pipeline]\ncapacity = 4096\n\n"
-        f'[emulation]\nprofile = "{profile.name}"\ntime_scale = {time_scale}\nsteps = {steps}\n\n'
+        f'[emulation]\nprofile = "{where}"\ntime_scale = {time_scale}\nsteps = {steps}\n\n'
         '[flow]\nrunner = "emulated_rl"\n'
     )
 
@@ -232,9 +247,15 @@ def main() -> int:
     parser.add_argument("--png", help="step time vs ranks (default: bench_scale.png in the output dir)")
     parser.add_argument("--out", help="run directories (default: a temporary directory)")
     parser.add_argument("--ranks", default="8,16,32", help="rank counts for --profile")
-    parser.add_argument("--profile", default="grpo-7b", choices=sorted(PROFILES))
     parser.add_argument(
-        "--others", default="grpo-1.5b,grpo-32b,embodied", help="profiles run at --others-ranks"
+        "--profile", default="grpo-7b",
+        help=f"a built-in profile ({', '.join(PROFILES)}) or a .toml profile file of your own "
+        "(rlinf_hpc/apps/emulated/profile_file.py)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--others",
+        default="grpo-1.5b,grpo-32b,embodied",
+        help="profiles (names or files) run at --others-ranks",
     )
     parser.add_argument("--others-ranks", type=int, default=16)
     parser.add_argument("--others-modes", default="centralized,fixed_pipeline,disaggregated,collocated")
@@ -254,17 +275,25 @@ def main() -> int:
         parser.error(f"unknown modes {sorted(unknown)}" if unknown else "--steps must be >= 4")
     from rlinf_hpc.runtime.console import print_table
 
+    specs = [args.profile] + [p for p in args.others.split(",") if p and p != args.profile]
+    try:  # a profile file is checked before anything runs
+        profiles = {spec: get_profile(spec) for spec in specs}
+    except ProfileError as exc:
+        parser.error(str(exc))
+    main_name = profiles[args.profile].name
+    if len({p.name for p in profiles.values()}) < len(profiles):
+        parser.error(f"two profiles are named alike: {sorted(p.name for p in profiles.values())}")
     out = Path(args.out or tempfile.mkdtemp(prefix="bench-scale-"))
     out.mkdir(parents=True, exist_ok=True)
-    plan = [(args.profile, r) for r in ranks]
-    plan += [(p, args.others_ranks) for p in args.others.split(",") if p and p != args.profile]
+    plan = [(args.profile, r) for r in ranks] + [(p, args.others_ranks) for p in specs[1:]]
     raw: dict[str, dict[str, dict[str, Any]]] = {}
-    for name, count in plan:
-        profile = PROFILES[name]
+    for spec, count in plan:
+        profile = profiles[spec]
+        name = profile.name
         config = out / f"{name}.toml"
-        config.write_text(config_text(profile, args.time_scale, args.steps))
+        config.write_text(config_text(profile, spec, args.time_scale, args.steps))
         workers = count - 1
-        for mode in modes if name == args.profile else [m for m in args.others_modes.split(",") if m]:
+        for mode in modes if name == main_name else [m for m in args.others_modes.split(",") if m]:
             sets = [
                 *args.set,
                 *mode_settings(mode, profile, workers, profile.samples_per_step, args.micro_batch),
@@ -298,11 +327,11 @@ def main() -> int:
         ],
         rows,
     )
-    ratios, per_size = compute_ratios(raw[args.profile], ranks)
+    ratios, per_size = compute_ratios(raw[main_name], ranks)
     png = Path(args.png) if args.png else out / "bench_scale.png"
-    plot(raw, args.profile, png)
+    plot(raw, main_name, png)
     print_table(
-        "per rank count (" + args.profile + ")",
+        "per rank count (" + main_name + ")",
         ["ranks", "best mode", "best/centralized", "ceiling", "best/fixed", "best/fixed+engine",
          "auto/best", "idle best/centralized", "off/on-policy"],
         [(k, str(v["best"]), f"{v['best_vs_centralized']:.2f}", f"{v['ceiling']:.2f}",

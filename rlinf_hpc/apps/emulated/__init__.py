@@ -8,9 +8,9 @@ from rlinf_hpc.config.apps import App
 
 
 def _check(config: object) -> None:
-    from rlinf_hpc.apps.emulated.profiles import PROFILES
+    from rlinf_hpc.apps.emulated.profile_file import get_profile
 
-    profile = PROFILES[config.emulation.profile]  # type: ignore[attr-defined]
+    profile = get_profile(config.emulation.profile)  # type: ignore[attr-defined]
     components = list(config.components)  # type: ignore[attr-defined]
     if components != list(profile.stages):
         raise ValueError(

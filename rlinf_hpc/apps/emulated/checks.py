@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlinf_hpc.apps.emulated.profiles import PROFILES
+from rlinf_hpc.apps.emulated.profile_file import get_profile
 from rlinf_hpc.errors import UserError
 from rlinf_hpc.log import get_logger
 
@@ -16,7 +16,7 @@ def validate(config: Any) -> None:
     """Enough samples for the stages; a very small time scale is flagged (sleeps of well under
     a millisecond measure the runtime's overhead, not the profile)."""
     emulation = config.emulation
-    profile = PROFILES[emulation.profile]
+    profile = get_profile(emulation.profile)
     samples = emulation.samples_per_step or profile.samples_per_step
     per_sample = profile.decode_step_s * (profile.short[0] + profile.short[1]) / 2 / profile.slots
     if per_sample * emulation.time_scale < 1e-4:

@@ -14,7 +14,9 @@ class EmulationConfig(Section):
     profile: str = Field(
         "grpo-7b",
         description="Cost profile: grpo-7b, grpo-1.5b, grpo-32b (long-tailed generation), embodied "
-        "(CPU simulators, policy and actor on devices). The components must be the profile's stages.",
+        "(CPU simulators, policy and actor on devices), or the path of a .toml profile of your own "
+        "(apps/emulated/profile_file.py; relative to the launch directory). The components must be "
+        "the profile's stages.",
     )
     time_scale: float = Field(
         0.01, gt=0, le=1, description="Seconds slept per emulated second (0.01: a 300 s step in 3 s)."
@@ -40,8 +42,10 @@ class EmulationConfig(Section):
     @field_validator("profile")
     @classmethod
     def _known(cls, value: str) -> str:
-        from rlinf_hpc.apps.emulated.profiles import PROFILES
+        from pathlib import Path
 
-        if value not in PROFILES:
-            raise ValueError(f"'{value}' is not a profile; choose one of {', '.join(PROFILES)}")
-        return value
+        from rlinf_hpc.apps.emulated.profile_file import get_profile
+
+        get_profile(value)  # a ProfileError (a ValueError) says what is wrong
+        # a file by its absolute path: every rank reads it, wherever it starts
+        return value if not value.endswith(".toml") else str(Path(value).expanduser().resolve())

@@ -20,7 +20,8 @@ import random
 import time
 from typing import Any
 
-from rlinf_hpc.apps.emulated.profiles import PROFILES, Profile
+from rlinf_hpc.apps.emulated.profile_file import get_profile
+from rlinf_hpc.apps.emulated.profiles import Profile
 from rlinf_hpc.log import get_logger
 from rlinf_hpc.runtime.console import print_table
 from rlinf_hpc.runtime.metrics import MetricsLog
@@ -33,9 +34,10 @@ log = get_logger("emulated")
 
 
 def sync_weights(coordinator: Coordinator, profile: Profile) -> float:
-    """Actor rank 0 -> every rank of the profile's ``sync_to`` stages, bandwidth-scaled."""
+    """The trainer's (the last stage's) rank 0 -> every rank of the profile's ``sync_to``
+    stages, bandwidth-scaled."""
     started = time.monotonic()
-    push = coordinator.group("actor").subset([0]).call("send_weights")
+    push = coordinator.group(list(profile.stages)[-1]).subset([0]).call("send_weights")
     pulls = [coordinator.group(name).call("receive_weights") for name in profile.sync_to]
     push.result()
     for pull in pulls:
@@ -53,7 +55,7 @@ def predict(pipe: Pipeline, result: Any, num_items: int) -> float:
 def emulated_rl_flow(coordinator: Coordinator) -> dict[str, Any]:
     config = coordinator.config
     emulation = config.emulation
-    profile = PROFILES[emulation.profile]
+    profile = get_profile(emulation.profile)
     samples = emulation.samples_per_step or profile.samples_per_step
     workers = len(coordinator.worker_ranks)
     log.info(

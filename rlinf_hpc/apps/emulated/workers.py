@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from rlinf_hpc.apps.emulated.profiles import PROFILES
+from rlinf_hpc.apps.emulated.profile_file import get_profile
 from rlinf_hpc.workers.base import Worker
 
 GB = 1e9
@@ -26,7 +26,7 @@ ENGINE_QUANTUM = 20
 class EmulatedStage(Worker):
     def setup(self) -> None:
         emulation = self.job_config.emulation  # type: ignore[union-attr]
-        self.profile = PROFILES[emulation.profile]
+        self.profile = get_profile(emulation.profile)
         self.cost = self.profile.stages[self.component]
         self.scale = emulation.time_scale
         self._in_work = 0  # samples of the micro-batch in work (device memory)
