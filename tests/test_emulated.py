@@ -203,6 +203,9 @@ def test_a_profile_file_changes_a_built_in_one_or_defines_its_own_stages(tmp_pat
     )
     profile = get_profile(str(own))
     assert list(profile.stages) == ["gen", "train"] and profile.samples_per_step == 64
+    assert get_profile(
+        str(_profile_file(tmp_path, own.read_text().replace('sync_to = ["gen"]\n', ""), "d.toml"))
+    ).sync_to == ("gen",)  # the default: device stages before the trainer
     assert profile.max_micro_batch("gen") == micro_batch_bound(80e9, 10e9, 0.1e9)
 
 

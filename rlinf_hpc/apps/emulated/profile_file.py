@@ -106,6 +106,9 @@ def load_profile(path: Path) -> Profile:
         values.setdefault("description", f"custom profile ({path.name}; emulated)")
         if "samples_per_step" not in values:
             raise ProfileError(f"{where}: samples_per_step is required (responses or transitions per step)")
+        # the trainer (the last stage) sends its weights to the other stages on a device
+        names = list(stages)
+        values.setdefault("sync_to", tuple(n for n in names[:-1] if stages[n].on_device))
         profile = Profile(**values)
     else:
         values.setdefault("name", path.stem)
