@@ -44,6 +44,22 @@ def pipeline_time(stage_times: list[float], num_micro_batches: int) -> float:
     return sum(stage_times) + (num_micro_batches - 1) * max(stage_times)
 
 
+def slot_ends(lengths: list[int], slots: int) -> list[int]:
+    """When each request ends (in decode steps) on an engine of ``slots`` sequences at once,
+    each taking the slot that frees first (continuous batching, in arrival order).
+
+    >>> slot_ends([3, 1, 2, 2], slots=2)
+    [3, 1, 3, 5]
+    """
+    free = [0] * max(1, min(slots, len(lengths)))
+    ends = []
+    for length in lengths:
+        end = free[0] + length
+        heapq.heapreplace(free, end)
+        ends.append(end)
+    return ends
+
+
 def collocated_time(phase_times: list[float], switch_times: list[float] = ()) -> float:  # type: ignore[assignment]
     """Step time of phases run one after another on the same ranks, with switches between."""
     return sum(phase_times) + sum(switch_times)
@@ -98,10 +114,7 @@ class EngineModel:
         return self._memo[key]
 
     def _time(self, lengths: list[int]) -> float:
-        slots = [0] * min(self.slots, len(lengths))
-        for length in lengths:  # each request takes the slot that frees first
-            heapq.heapreplace(slots, slots[0] + length)
-        return self.step_s * max(slots) + self.seq_step_s * sum(lengths)
+        return self.step_s * max(slot_ends(lengths, self.slots)) + self.seq_step_s * sum(lengths)
 
 
 def fit_engine(steps: list[tuple[float, int, int]], lengths: list[int], slots: int) -> EngineModel | None:

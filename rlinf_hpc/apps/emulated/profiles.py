@@ -30,10 +30,11 @@ works on a micro-batch (KV cache, activations); weight sync moves ``weights_gb``
 
 from __future__ import annotations
 
-import heapq
 import math
 import random
 from dataclasses import dataclass, field
+
+from rlinf_hpc.scheduler.cost_model import slot_ends
 
 
 @dataclass(frozen=True)
@@ -93,12 +94,7 @@ class Profile:
         when each response is done (seconds from the call's start, in decode-step proportion)."""
         if not lengths:
             return 0.0, []
-        slots = [0] * min(self.slots, len(lengths))
-        ends = []
-        for length in lengths:  # each response takes the slot that frees first
-            end = slots[0] + length
-            heapq.heapreplace(slots, end)
-            ends.append(end)
+        ends = slot_ends(lengths, self.slots)  # each response takes the slot that frees first
         makespan = max(ends)
         total = self.decode_step_s * (self.alpha * makespan + (1 - self.alpha) * sum(lengths) / self.slots)
         return total, [total * end / makespan for end in ends]
