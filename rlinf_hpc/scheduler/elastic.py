@@ -47,6 +47,16 @@ A batch-bound stage (one second per call whatever its size, up to 64):
 [128, 128, 128, 64]
 >>> [bound.update(0.2, 0.3, items=64, seconds=1.0)[0] for _ in range(3)]  # and stays
 [64, 64, 64]
+
+The same second per call, but the 16 items are twice as long as the 32 were (the last of a
+long-tailed generation arrive few at a time): per token they cost the same, so the smaller
+size is not held against the stage, which keeps shrinking while downstream waits:
+
+>>> tail = ElasticBatching(minimum=8, maximum=128, size=32, wait_threshold_s=0.05)
+>>> tail.update(0.2, 0.3, items=32, seconds=1.0, weight=32_000)[0]
+16
+>>> [tail.update(0.2, 0.3, items=16, seconds=1.0, weight=32_000)[0] for _ in range(4)]
+[16, 16, 16, 8]
 """
 
 from __future__ import annotations
@@ -106,14 +116,21 @@ class ElasticBatching:
         while the others took the rest one by one."""
         return self._k["floor"] > self.minimum
 
-    def _ratio(self, a: int, b: int) -> float | None:
-        """Per-item time at size ``a`` over that at ``b`` (None: one of them not measured)."""
+    def _ratios(self, a: int, b: int) -> tuple[float, float] | None:
+        """Time per item at size ``a`` over that at ``b``, and the same per unit of weight:
+        (the smaller, the larger) of the two; None if a size was not measured. A size counts
+        as costlier only if it is so both ways (the smaller), and as cheaper likewise (the
+        larger): micro-batches of one size may hold longer items than another's (the last of a
+        long-tailed generation arrive few at a time), which a stage whose cost grows with the
+        length pays per item but not per token, and one whose cost does not, per token."""
         per_item = self._k["per_item"]
         a, b = _bucket(a), _bucket(b)
         if a not in per_item or b not in per_item:
             return None
-        (a_s, a_n), (b_s, b_n) = per_item[a], per_item[b]
-        return (a_s / a_n) / max(b_s / b_n, 1e-12)
+        (a_s, a_n, *a_w), (b_s, b_n, *b_w) = per_item[a], per_item[b]  # weights: newer entries
+        by_item = (a_s / a_n) / max(b_s / b_n, 1e-12)
+        by_weight = (a_s / (a_w or [a_n])[0]) / max(b_s / (b_w or [b_n])[0], 1e-12)
+        return min(by_item, by_weight), max(by_item, by_weight)
 
     def update(
         self,
@@ -122,9 +139,12 @@ class ElasticBatching:
         items: int | None = None,
         seconds: float | None = None,
         downstream_apart: bool = True,
+        weight: float | None = None,
     ) -> tuple[int, str | None]:
         """The size for the next micro-batch, and why it changed (None if it did not). ``items``
-        and ``seconds``: the micro-batch just done, for the per-item cost at its size.
+        and ``seconds``: the micro-batch just done, for the per-item cost at its size;
+        ``weight``: its items' total weight (their tokens, say; default: one per item), for the
+        cost per unit of weight beside it (`_ratios`).
         ``downstream_apart=False``: no stage runs on other ranks at the same time waiting for
         this one's output (the last stage, or the next one shares its ranks), so small
         micro-batches buy nothing: a larger size is tried, and kept if cheaper per item."""
@@ -133,12 +153,20 @@ class ElasticBatching:
         reason = None
         if items and seconds is not None:
             size = _bucket(items)  # a short micro-batch counts for the nearest power of two
-            total_s, total_items = k["per_item"].get(size, (0.0, 0))
-            k["per_item"][size] = (total_s + seconds, total_items + items)  # its mean is the estimate
+            total_s, total_items, *total_weight = k["per_item"].get(size, (0.0, 0, 0.0))
+            units = weight if weight is not None and weight > 0 else items
+            # the means are the estimates
+            k["per_item"][size] = (
+                total_s + seconds,
+                total_items + items,
+                (total_weight or [total_items])[0] + units,
+            )
         k["since"] += 1
         calm = downstream_wait_s < self.wait_threshold_s / 4
         trial = k["trial"] if k["since"] >= self.patience else None
-        ratio = self._ratio(old, trial) if trial is not None else None
+        ratios = self._ratios(old, trial) if trial is not None else None
+        # smaller on trial: costlier only if so both ways; larger: cheaper only if so both ways
+        ratio = None if ratios is None else ratios[0] if old < trial else ratios[1]  # type: ignore[operator]
         if trial is not None:
             k["trial"] = None
         if ratio is not None and old < trial and ratio > self.batch_penalty:

@@ -137,8 +137,9 @@ def _run_micro_batches(
         if spec.elastic:
             apart = sink is not None and spec.downstream_apart  # else waiting is a barrier
             downstream = sink.downstream_wait_s() if apart else 0.0
+            weight = sum(_weight(x, spec.weight_key) for x in batch) if spec.weight_key else None
             size, reason = batching.update(
-                downstream - downstream_seen, worker.memory_fraction(), len(batch), took, apart
+                downstream - downstream_seen, worker.memory_fraction(), len(batch), took, apart, weight
             )
             downstream_seen = downstream
             if reason is not None:
