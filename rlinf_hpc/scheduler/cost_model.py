@@ -177,17 +177,11 @@ class Prediction:
         return "collocated" if self.collocated <= self.disaggregated else "disaggregated"
 
 
-#: `split_ranks` takes ranks back from engines while the predicted step grows by at most this
-#: fraction, and gives them to the stages after (see there).
-SLACK_TOLERANCE = 0.03
-
-
 def split_ranks(
     profiles: list[PhaseProfile],
     num_ranks: int,
     num_items: int | None = None,
     micro_batch: int | None = None,
-    tolerance: float = SLACK_TOLERANCE,
 ) -> dict[str, int]:
     """Give each phase ranks in proportion to its work (at least one each): one rank each,
     then every further rank to the phase that is slowest per rank — the split whose bottleneck
@@ -221,39 +215,10 @@ def split_ranks(
                 break
             shares[best[1]] += best[2]
             now = best[3]
-        _give_slack(profiles, shares, num_items, micro_batch, now * (1 + tolerance))
     while sum(shares.values()) < num_ranks:  # each rank where it shortens the bottleneck
         slowest = max(shares, key=lambda n: work[n] / shares[n])
         shares[slowest] += 1
     return shares
-
-
-def _give_slack(
-    profiles: list[PhaseProfile], shares: dict[str, int], num_items: int, micro_batch: int, limit: float
-) -> None:
-    """Move ranks from engines to the other stage with the most work per rank while the
-    predicted step stays within ``limit``. Past the point where an engine's requests fit in
-    its slots, a rank more shortens its step by little (its longest response bounds it), and
-    the model's small gains there are within its error, while the stages after the engines
-    pay for being short of ranks in what it does not model (per-call costs on tiny
-    micro-batches, bursts of short responses, a tail of long ones): emulated at 24 ranks with
-    a long tail, 18/1/1/3 ranks (rollout/reward/inference/actor) were predicted 1% faster than
-    16/1/2/4 and measured 11% slower."""
-    engines = [p.name for p in profiles if p.engine is not None]
-    others = {p.name: p.seconds_per_item for p in profiles if p.engine is None}
-    while others:
-        taker = max(others, key=lambda n: others[n] / shares[n])
-        moved = False
-        for engine in sorted(engines, key=shares.__getitem__, reverse=True):
-            if shares[engine] <= 1:
-                continue
-            trial = {**shares, engine: shares[engine] - 1, taker: shares[taker] + 1}
-            if _split_time(profiles, trial, num_items, micro_batch) <= limit:
-                shares.update(trial)
-                moved = True
-                break
-        if not moved:
-            return
 
 
 def _split_time(
