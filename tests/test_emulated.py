@@ -184,6 +184,9 @@ def _profile_file(tmp_path: Path, text: str, name: str = "mine.toml") -> Path:
 def test_a_profile_file_changes_a_built_in_one_or_defines_its_own_stages(tmp_path: Path) -> None:
     from rlinf_hpc.apps.emulated.profile_file import get_profile
 
+    shipped = get_profile(str(CONFIGS / "profiles" / "grpo-7b-longtail.toml"))
+    assert shipped.name == "grpo-7b-longtail" and shipped.long == (1500, 6000)
+
     longer = _profile_file(
         tmp_path,
         'base = "grpo-7b"\nlong = [1500, 6000]\nlong_fraction = 0.03\n'
