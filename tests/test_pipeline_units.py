@@ -179,8 +179,13 @@ def test_a_reporting_engine_becomes_an_engine_model() -> None:
     replies = [[{**ran, "switch_s": 0.0}], [{"items": 13, "busy_s": 0.1, "switch_s": 0.0}]]
     model = profiles_from_step(pipe, StepResult(1, [], {}, 1.0, "auto", [], replies))[0].engine
     assert model is not None and model.slots == 4 and len(model.lengths) == 13
-    # 10 decode steps took 1 ms + 1 ms per sequence (sleep overshoots: a little more)
-    assert 0.8e-4 < model.step_s < 3e-4 and 0.8e-4 < model.seq_step_s < 3e-4
+    # 10 decode steps took 1 ms + 1 ms per sequence: 0.2 ms per step alone, 0.5 ms with 4. The
+    # fitted line passes through what was measured at those sizes, which sleep overshoot (more
+    # of it on a loaded box) makes a little more; how it splits into a + b is what two noisy
+    # points decide least well (a = 0.07 ms, b = 0.14 ms once beside a CI run), so that is not
+    # asserted beyond its signs.
+    one, four = model.step_s + model.seq_step_s, model.step_s + 4 * model.seq_step_s
+    assert 1.9e-4 <= one < 6e-4 and 4.9e-4 <= four < 1.2e-3 and model.step_s >= 0 and model.seq_step_s > 0
     # a stage that did not report (or not on every rank) has no model
     replies[0][0]["engine"] = None
     assert profiles_from_step(pipe, StepResult(1, [], {}, 1.0, "auto", [], replies))[0].engine is None
