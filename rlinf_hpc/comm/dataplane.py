@@ -36,7 +36,7 @@ from rlinf_hpc.comm.sending import CommOptions
 from rlinf_hpc.errors import CommTimeoutError
 
 _ENVELOPE_TAG = 21
-_PAYLOAD_TAG = 22
+_PAYLOAD_TAG = 22  # (23: transfers resent after their link failed, `links.RESEND_TAG`)
 #: An allocating `recv` polls the cheapest way (one probe of its source) this long before it
 #: posts a receive with the full wait machinery: a round trip of small messages costs a few
 #: microseconds, so most answers arrive inside it.
