@@ -43,7 +43,11 @@ def test_a_resent_transfer_lands_in_a_tensor_like_the_link_buffer() -> None:
     """The bytes of a resend become a tensor of the link buffer's dtype and shape."""
     import torch
 
+    from rlinf_hpc.comm.linkwork import from_resend
+    from rlinf_hpc.comm.packing import pack
+
     for value in (torch.arange(12, dtype=torch.float16).reshape(3, 4), torch.tensor([True, False, True])):
         data = bytearray(value.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-        got = links.Links.fill(torch.empty_like(value), data)
+        node = pack(value)[0]
+        got = from_resend(node, torch.empty_like(value), data)
         assert got.dtype == value.dtype and got.shape == value.shape and torch.equal(got, value)

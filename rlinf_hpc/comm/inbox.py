@@ -211,7 +211,7 @@ class Inbox:
             for index, (node, route) in enumerate(zip(nodes, routes, strict=True)):
                 if route in LINK_ROUTES:
                     value = self._link_buffer(node, route)
-                    works.append(self._links.receive(links[route], value, numbers[route], index))
+                    works.append(self._links.receive(links[route], value, node, numbers[route], index))
                     view = None
                 else:
                     value, view = allocate_leaf(node)

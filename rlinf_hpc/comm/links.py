@@ -26,6 +26,7 @@ from rlinf_hpc.comm import wire
 from rlinf_hpc.comm.interfaces import pin_socket_interfaces
 from rlinf_hpc.comm.linkwork import LinkRecv, LinkSend
 from rlinf_hpc.comm.mpi import mpi
+from rlinf_hpc.comm.packing import contiguous_bytes
 from rlinf_hpc.comm.routing import GLOO, NCCL
 from rlinf_hpc.log import get_logger
 
@@ -200,8 +201,9 @@ class Links:
         """Send leaf ``index`` of message ``message`` on ``link`` (resent over MPI if it fails)."""
         return LinkSend(self, link, tensor, message, index)
 
-    def receive(self, link: Link, tensor: Any, message: int, index: int) -> LinkRecv:
-        return LinkRecv(self, link, tensor, message, index)
+    def receive(self, link: Link, tensor: Any, node: tuple, message: int, index: int) -> LinkRecv:
+        """Receive leaf ``index`` (description ``node``) of message ``message`` into ``tensor``."""
+        return LinkRecv(self, link, tensor, node, message, index)
 
     def take_injected_fault(self, side: str) -> BaseException | None:
         """The test hooks' failure for the next send or receive (``side``), if one is due."""
@@ -230,10 +232,7 @@ class Links:
 
     def resend(self, peer: int, key: tuple[str, int, int], tensor: Any) -> tuple[Any, bytearray]:
         """Post the MPI resend of a failed link transfer: (request, buffer to keep until done)."""
-        import torch
-
-        data = tensor.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy()
-        buffer = wire.encode(key, [memoryview(data)])
+        buffer = wire.encode(key, [contiguous_bytes("T", tensor)])
         self.resends += 1
         return self.comm.Isend([buffer, mpi().BYTE], peer, RESEND_TAG), buffer
 
@@ -247,14 +246,6 @@ class Links:
             header, tail = wire.decode(buffer)
             self._resent[tuple(header)] = bytearray(tail)
         return self._resent.pop(key, None)
-
-    @staticmethod
-    def fill(like: Any, data: bytearray) -> Any:
-        """A tensor like ``like`` (dtype, shape, device) holding the resent ``data``."""
-        import torch
-
-        flat = torch.frombuffer(data, dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
-        return flat.view(like.dtype).reshape(like.shape).to(like.device)
 
     # -- lifecycle -------------------------------------------------------------------------
     def _give_up(self, key: tuple[int, str], reason: str) -> None:

@@ -19,8 +19,15 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from rlinf_hpc.comm.buffers import leaf_from_bytes
+
 if TYPE_CHECKING:
     from rlinf_hpc.comm.links import Link, Links
+
+
+def from_resend(node: tuple, like: Any, data: bytearray) -> Any:
+    """Leaf ``node`` built from its resent bytes, on the device of the link buffer ``like``."""
+    return leaf_from_bytes(node, memoryview(data)).to(like.device)
 
 
 class LinkWork:
@@ -100,9 +107,10 @@ class LinkSend:
 class LinkRecv:
     """One leaf received on a link into ``value``, or from its resend over MPI."""
 
-    def __init__(self, links: Links, link: Link, tensor: Any, seq: int, index: int) -> None:
+    def __init__(self, links: Links, link: Link, tensor: Any, node: tuple, seq: int, index: int) -> None:
         self._links, self._link = links, link
         self.value = tensor
+        self._node = node
         self.index = index
         self.key = (link.link_id, seq, index)
         # a link known to have failed takes no new receive: the sender resends these bytes
@@ -124,7 +132,7 @@ class LinkRecv:
         if resent is not None:  # the sender gave up on the link: its bytes came over MPI
             if self._work is not None and not self._work.is_completed():
                 self._links.failed(self._link, RuntimeError("the sender resent over MPI"))
-            self.value = self._links.fill(self.value, resent)
+            self.value = from_resend(self._node, self.value, resent)
             self._done = True
             return True
         if self._failed_at is None:

@@ -54,7 +54,7 @@ class Leaf:
     def host_bytes(self) -> memoryview:
         """The leaf's bytes as a flat, contiguous host memoryview (copies only when needed:
         non-contiguous tensors/arrays and tensors on a GPU)."""
-        return _contiguous_bytes(self.kind, self.value)
+        return contiguous_bytes(self.kind, self.value)
 
 
 def _torch() -> Any:
@@ -66,7 +66,9 @@ def _is_tensor(obj: Any) -> bool:
     return torch is not None and isinstance(obj, torch.Tensor)
 
 
-def _contiguous_bytes(kind: str, value: Any) -> memoryview:
+def contiguous_bytes(kind: str, value: Any) -> memoryview:
+    """The bytes of a tensor (``kind`` "T"), array ("A") or bytes-like value, flat and on the
+    host (`Leaf.host_bytes`)."""
     if kind == "T":
         tensor = value.detach()
         if tensor.device.type != "cpu":

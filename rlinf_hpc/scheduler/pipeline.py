@@ -243,9 +243,9 @@ class Pipeline:
         recorded. Elastic sizing then never grows a micro-batch past it (its memory rule
         doubles the size under pressure); fixed micro-batches larger than it get a warning."""
         config = self.coordinator.config.pipeline
-        for stage in self.stages:
-            replies = self.coordinator.group(stage.component).call("memory_profile").result()
-            profiles = [p for p in replies if p]
+        calls = [self.coordinator.group(stage.component).call("memory_profile") for stage in self.stages]
+        for stage, call in zip(self.stages, calls, strict=True):
+            profiles = [p for p in call.result() if p]
             if not profiles:
                 continue
             device = min(p["device_bytes"] for p in profiles)
