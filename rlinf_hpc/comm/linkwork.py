@@ -130,8 +130,9 @@ class LinkRecv:
             return True
         resent = self._links.resent(self._link.peer, self.key)
         if resent is not None:  # the sender gave up on the link: its bytes came over MPI
-            if self._work is not None and not self._work.is_completed():
-                self._links.failed(self._link, RuntimeError("the sender resent over MPI"))
+            # the link is dead whether or not its own receive noticed yet (a no-op if it did)
+            noticed = self._work.error if self._work is not None and self._work.is_completed() else None
+            self._links.failed(self._link, noticed or RuntimeError("the sender resent over MPI"))
             self.value = from_resend(self._node, self.value, resent)
             self._done = True
             return True
