@@ -62,6 +62,44 @@ def test_a_modelled_engine_gets_the_ranks_it_can_use_and_no_more() -> None:
     assert predict([rollout, actor], 256, 16, 12).ranks_per_phase == modelled
 
 
+def test_a_rank_whose_engine_ends_early_feeds_the_stages_after_its_group() -> None:
+    """Hybrid (an engine and a later stage on the same ranks, a trainer on its own): a rank
+    whose engine is done goes on to the later stage with its own responses while the others
+    still generate, so the trainer starts after the *first* engine's end — not after the last
+    one's and the whole group's work (that over-predicted hybrid by ~20% at 24-32 emulated
+    ranks). The group itself still ends with its slowest engine plus its own later work."""
+    # four requests per engine in one slot, 10 or 100 decode steps of 0.01 s each
+    engine = EngineModel(step_s=0.01, seq_step_s=0.0, slots=1, lengths=(10, 100))
+    first, mean, last = engine.spread(4, engines=8)
+    assert 0.4 <= first < mean < last <= 4.0
+    rollout = PhaseProfile("rollout", 0.07, latency_seconds=0.1, engine=engine)
+    inference = PhaseProfile("inference", 0.02)  # micro-batches of 1: 32 x 0.02 / 8 per rank
+    shared = [set(range(8)), set(range(8))]
+    assert placement_time([rollout, inference], 32, 1, shared) == pytest.approx(last + 0.08)
+    actor = PhaseProfile("actor", 0.5)  # 32 x 0.5 / 2 = 8 s on ranks of its own
+    sets = [*shared, {8, 9}]
+    assert placement_time([rollout, inference, actor], 32, 1, sets) == pytest.approx(first + 0.02 + 8.0)
+    # without an engine model the ranks end together: the trainer waits for the group's work
+    plain = PhaseProfile("rollout", rollout.seconds_per_item, latency_seconds=0.1)
+    expected = plain.share_seconds(32, 8) + 0.02 + 8.0
+    assert placement_time([plain, inference, actor], 32, 1, sets) == pytest.approx(expected)
+
+
+def test_an_engine_model_is_calibrated_to_the_engine_time_measured() -> None:
+    """The decode-step fit leaves out what happens around the decode steps (requests arriving
+    over time, the host's delays): calibrated, the model's mean engine time on the measured
+    shares is the measured one, and other shares scale alike (bounded: a bad step cannot make
+    the model absurd)."""
+    engine = EngineModel(step_s=0.01, seq_step_s=0.001, slots=4, lengths=(100,))
+    assert engine.seconds(4, engines=2) == pytest.approx(1.4)
+    slower = engine.calibrated([1.54, 1.54], [4, 4])
+    assert slower.calibration == pytest.approx(1.1)
+    assert slower.seconds(8, engines=1) == pytest.approx(2.8 * 1.1)  # two waves, scaled
+    assert slower.calibrated([1.54, 1.54], [4, 4]).calibration == pytest.approx(1.1)  # idempotent
+    assert engine.calibrated([10.0], [4]).calibration == pytest.approx(1.5)  # bounded
+    assert engine.calibrated([], []) is engine
+
+
 def test_split_ranks_follows_work_and_uses_every_rank() -> None:
     profiles = [PhaseProfile("rollout", 3.0), PhaseProfile("inference", 1.0), PhaseProfile("actor", 2.0)]
     shares = split_ranks(profiles, 12)

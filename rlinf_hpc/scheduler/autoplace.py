@@ -53,7 +53,10 @@ def _engine_model(replies: list[dict[str, Any]]) -> EngineModel | None:
         return None
     steps = [tuple(step) for report in reports for step in report["steps"]]
     lengths = [n for report in reports for n in report["lengths"]]
-    return fit_engine(steps, lengths, min(int(report["slots"]) for report in reports))
+    fitted = fit_engine(steps, lengths, min(int(report["slots"]) for report in reports))
+    if fitted is None:
+        return None
+    return fitted.calibrated([r["busy_s"] for r in replies], [r["items"] for r in replies])
 
 
 def mean_micro_batch(pipeline: Pipeline, result: StepResult) -> int:
