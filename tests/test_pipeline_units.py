@@ -65,24 +65,30 @@ def test_local_first_keeps_items_on_the_producing_rank() -> None:
 
 def test_auto_profiles_are_per_rank_seconds_per_item() -> None:
     """Seconds per item of a stage are its slowest rank's time over an even share; the finish
-    (optimizer step) and an engine's time to first output are kept apart as ranks' means."""
+    (optimizer step), an engine's time to first output and the first stage's wait for the feed
+    are kept apart as ranks' means."""
     pipe = _pipeline({"a": [1, 2], "b": [1, 2]})
     pipe.stages.clear()
     pipe.stage("a", "generate", continuous=True).stage("b", "learn", finish="step")
     per_rank = [
         [
-            {"items": 10, "busy_s": 1.0, "switch_s": 0.2, "first_output_s": 0.3},
-            {"items": 30, "busy_s": 3.0, "switch_s": 0.4, "first_output_s": 0.5},
+            {"items": 10, "busy_s": 1.0, "switch_s": 0.2, "first_output_s": 0.3, "first_wait_s": 0.2},
+            {"items": 30, "busy_s": 3.0, "switch_s": 0.4, "first_output_s": 0.5, "first_wait_s": 0.4},
         ],
         [
-            {"items": 20, "busy_s": 0.1, "finish_s": 0.1, "switch_s": 0.0},
-            {"items": 20, "busy_s": 0.2, "finish_s": 0.3, "switch_s": 0.0},
+            {"items": 20, "busy_s": 0.1, "finish_s": 0.1, "switch_s": 0.0, "first_wait_s": 1.0},
+            {"items": 20, "busy_s": 0.2, "finish_s": 0.3, "switch_s": 0.0, "first_wait_s": 1.0},
         ],
     ]
     result = StepResult(1, [], {}, 1.0, "auto", [], per_rank)
     a, b = profiles_from_step(pipe, result)
-    assert (a.name, a.seconds_per_item, a.switch_seconds) == ("a", pytest.approx(0.15), pytest.approx(0.3))
+    # the first stage's ranks started 0.2 and 0.4 s in: the step starts at 0.2, the slower rank
+    # ends 0.2 + 3.0 s after that (3.2 s for an even share of 20 items)
+    assert (a.name, a.seconds_per_item, a.switch_seconds) == ("a", pytest.approx(0.16), pytest.approx(0.3))
     assert a.latency_seconds == pytest.approx(0.4) and b.latency_seconds is None
+    # the first stage's wait for its first items (the feed) is the step's start; a later stage's
+    # is its upstream's latency, which the model already has
+    assert a.start_seconds == pytest.approx(0.2) and b.start_seconds == 0.0
     assert (b.seconds_per_item, b.switch_seconds, b.finish_seconds) == (
         pytest.approx(0.01),
         0.0,

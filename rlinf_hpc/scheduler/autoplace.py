@@ -31,18 +31,23 @@ def profiles_from_step(pipeline: Pipeline, result: StepResult) -> list[PhaseProf
     """One profile per stage from what its ranks measured in ``result``. Seconds per item are
     the slowest rank's busy time over an even share (the stage is done when its last rank is:
     uneven shares and uneven speeds both count); the finish (an optimizer step) and, for a
-    continuous stage, the time to its first output are the ranks' means."""
+    continuous stage, the time to its first output are the ranks' means. The first stage's
+    ranks start when the coordinator's feed gives them their first micro-batch: the earliest of
+    them is the step's start (``start_seconds``), and each rank's later start counts in its time
+    (the stage is done when its last rank is)."""
     profiles = []
     for stage, replies in zip(pipeline.stages, result.per_rank, strict=True):
         items = sum(r["items"] for r in replies)
-        slowest = max(r["busy_s"] for r in replies)
+        start = min(r.get("first_wait_s", 0.0) for r in replies) if not profiles else 0.0
+        late = [r.get("first_wait_s", 0.0) - start if not profiles else 0.0 for r in replies]
+        slowest = max(r["busy_s"] + delay for r, delay in zip(replies, late, strict=True))
         switch = sum(r["switch_s"] for r in replies) / max(1, len(replies))
         finish = sum(r.get("finish_s", 0.0) for r in replies) / max(1, len(replies))
         firsts = [r["first_output_s"] for r in replies if r.get("first_output_s") is not None]
         latency = sum(firsts) / len(firsts) if stage.continuous and firsts else None
         per_item = slowest * len(replies) / max(1, items)
         engine = _engine_model(replies) if stage.continuous else None
-        profiles.append(PhaseProfile(stage.component, per_item, 0.0, switch, finish, latency, engine))
+        profiles.append(PhaseProfile(stage.component, per_item, 0.0, switch, finish, latency, engine, start))
     return profiles
 
 

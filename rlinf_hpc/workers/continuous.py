@@ -137,6 +137,7 @@ def run_continuous(
         "changes": [],
         "busy_s": took - feed.wait_s,
         "wait_s": feed.wait_s,
+        "first_wait_s": 0.0 if feed.first_taken_at is None else feed.first_taken_at - started,
         "first_output_s": first_output_s,
         "engine": (
             {"slots": feed.slots, "steps": steps, "lengths": feed.lengths}

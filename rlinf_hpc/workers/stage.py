@@ -105,6 +105,7 @@ def _run_micro_batches(
     downstream_seen = 0.0
     hook = worker.comm.span_hook
     ended = False
+    opened, first_wait_s = time.monotonic(), None
     while not ended:
         asked = time.monotonic()
         batch = []
@@ -120,6 +121,8 @@ def _run_micro_batches(
             break
         started = time.monotonic()
         wait_s += started - asked
+        if first_wait_s is None:
+            first_wait_s = started - opened
         wall_start = time.time()
         meter.start()
         produced = method(batch)
@@ -152,5 +155,6 @@ def _run_micro_batches(
         "changes": changes,
         "busy_s": busy_s,
         "wait_s": wait_s,
+        "first_wait_s": first_wait_s or 0.0,
         "first_output_s": None,
     }
