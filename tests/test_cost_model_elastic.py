@@ -83,6 +83,12 @@ def test_a_rank_whose_engine_ends_early_feeds_the_stages_after_its_group() -> No
     plain = PhaseProfile("rollout", rollout.seconds_per_item, latency_seconds=0.1)
     expected = plain.share_seconds(32, 8) + 0.02 + 8.0
     assert placement_time([plain, inference, actor], 32, 1, sets) == pytest.approx(expected)
+    # a stage between them on the shared ranks: the last one waits for its stream to end, which
+    # is after the last engine (a rank runs a stage until its input ends)
+    reward = PhaseProfile("reward", 0.01)  # 32 x 0.01 / 8 = 0.04 s per rank
+    three = [*shared, set(range(8)), {8, 9}]
+    expected = last + 0.04 + 0.02 + 8.0
+    assert placement_time([rollout, reward, inference, actor], 32, 1, three) == pytest.approx(expected)
 
 
 def test_the_feed_before_the_first_stage_delays_the_whole_step() -> None:

@@ -38,16 +38,20 @@ def profiles_from_step(pipeline: Pipeline, result: StepResult) -> list[PhaseProf
     profiles = []
     for stage, replies in zip(pipeline.stages, result.per_rank, strict=True):
         items = sum(r["items"] for r in replies)
-        start = min(r.get("first_wait_s", 0.0) for r in replies) if not profiles else 0.0
-        late = [r.get("first_wait_s", 0.0) - start if not profiles else 0.0 for r in replies]
-        slowest = max(r["busy_s"] + delay for r, delay in zip(replies, late, strict=True))
+        # the first stage's ranks: how long the feed kept each waiting (later stages': 0 here,
+        # their first wait is their upstream's latency, which the cost model has)
+        waits = [r.get("first_wait_s", 0.0) if not profiles else 0.0 for r in replies]
+        start = min(waits)
+        slowest = max(r["busy_s"] + wait - start for r, wait in zip(replies, waits, strict=True))
         switch = sum(r["switch_s"] for r in replies) / max(1, len(replies))
         finish = sum(r.get("finish_s", 0.0) for r in replies) / max(1, len(replies))
         firsts = [r["first_output_s"] for r in replies if r.get("first_output_s") is not None]
         latency = sum(firsts) / len(firsts) if stage.continuous and firsts else None
         per_item = slowest * len(replies) / max(1, items)
         engine = _engine_model(replies) if stage.continuous else None
-        profiles.append(PhaseProfile(stage.component, per_item, 0.0, switch, finish, latency, engine, start))
+        profiles.append(
+            PhaseProfile(stage.component, per_item, 0.0, switch, finish, latency, engine, start_seconds=start)
+        )
     return profiles
 
 

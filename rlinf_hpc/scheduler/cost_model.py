@@ -341,9 +341,9 @@ def placement_time(
     share of the items; its *latency* is how long the group after it waits for its first
     output, and how long the last item takes through it (one micro-batch on one rank, an
     engine's measured first output, or for a group of several stages everything before its
-    last stage plus that one's latency) — but a group led by an engine whose ranks end apart
-    (`EngineModel.spread`) has its first output after its *first* engine is done: that rank
-    goes on to the later stages with its own responses while the others generate. The step
+    last stage plus that one's latency) — but an engine and one stage after it on the same
+    ranks have their first output after the *first* engine is done (`EngineModel.spread`):
+    that rank goes on to the stage with its own responses while the others generate. The step
     takes the
     longest of (one group's work + every other group's latency) — the seed's formula
     ``sum_j t_j + (M - 1) t_b`` when every stage is micro-batched — plus the once-per-step
@@ -362,25 +362,24 @@ def placement_time(
     works, latencies, switches = [], [], 0.0
     for ranks, members in groups:
         full, first = [], []
-        spread = None  # (first, mean, last) end of the group's leading engine, if it leads
         for i in members:
             p = profiles[i]
             if p.latency_seconds is not None:  # an engine: its share at its rate (or model)
-                ends = p.share_spread(num_items, len(ranks))
-                spread = ends if i == members[0] else spread
-                full.append(ends[2])
+                full.append(p.share_seconds(num_items, len(ranks)))
                 first.append(p.latency_seconds)
             else:  # a micro-batch runs on one rank: the ranks share the work, not its latency
                 one = micro_batch * p.seconds_per_item + p.overhead_per_micro_batch
                 full.append(micro_batches * one / len(ranks))
                 first.append(one)
         works.append(sum(full))
-        if spread is not None and len(members) > 1:
-            # An engine leading stages on its own ranks: a rank whose engine is done goes on to
-            # the later stages with its own responses (the stream between stages on shared
-            # ranks is local-first) while the others generate, so the group's first output
-            # comes after the first engine's end, not the last one's.
-            latencies.append(spread[0] + sum(first[1:]))
+        lead = profiles[members[0]]
+        if len(members) == 2 and lead.latency_seconds is not None:
+            # An engine and one stage on its ranks: a rank whose engine is done goes on to that
+            # stage with its own responses (the stream between stages on shared ranks is
+            # local-first) while the others generate, so the group's first output comes after
+            # the first engine's end, not the last one's. (With a stage between them, the last
+            # stage waits for that one's stream to end: after the last engine.)
+            latencies.append(lead.share_spread(num_items, len(ranks))[0] + first[-1])
         else:
             latencies.append(sum(full[:-1]) + first[-1])
         if len(members) > 1:
