@@ -7,7 +7,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from rlinf_hpc.channel.protocol import ACK_FLUSH_S, END, FORWARDED, move_tensors
+from rlinf_hpc.channel.protocol import ACK_FLUSH_S, BULK, END, FORWARDED, move_tensors
 from rlinf_hpc.comm import Backoff, ChannelSpec, DataPlane, WorkHandle
 from rlinf_hpc.errors import CommTimeoutError
 
@@ -207,7 +207,8 @@ class ConsumerSide:
 
     def _receive_available(self, sources: set[int] | None = None) -> bool:
         got = False
-        for source in sorted(sources or set(self._spec.producers) | self._forwarders):
+        everyone = sorted(sources or set(self._spec.producers) | self._forwarders)
+        for source in self.plane.ready_from(everyone, self._item_tag):
             while True:
                 found, message = self.plane.try_recv(source, self._item_tag)
                 if not found:
@@ -216,6 +217,9 @@ class ConsumerSide:
                 item_id, key, weight, value, origin = message
                 if item_id >= 0:
                     self._queue.append(_Received(item_id, origin, key, weight, value))
+                    self._offload_under_pressure()
+                elif item_id == BULK:  # several items of one producer (`put_many`)
+                    self._queue.extend(_Received(i, origin, k, w, v) for i, k, w, v in value)
                     self._offload_under_pressure()
                 else:
                     self._ended.add((source, item_id))

@@ -7,7 +7,7 @@ from typing import Any
 
 from rlinf_hpc.channel.consumer import _Received
 from rlinf_hpc.channel.policies import ConsumerView, ItemInfo, LoadBalancePolicy, checked_choice
-from rlinf_hpc.channel.protocol import END, done_handle
+from rlinf_hpc.channel.protocol import BULK, END, done_handle
 from rlinf_hpc.comm import Backoff, ChannelSpec, DataPlane, WorkHandle
 from rlinf_hpc.errors import CommTimeoutError
 
@@ -86,15 +86,57 @@ class ProducerSide:
         keys: list[Any] | None = None,
         timeout: float | None = None,
     ) -> None:
-        """`put` each item (with its weight and key), waiting once at the end."""
-        weights = weights or [1.0] * len(items)
-        keys = keys or [None] * len(items)
-        if not len(items) == len(weights) == len(keys):
-            raise ValueError("put_batch needs as many weights and keys as items")
-        triples = zip(items, weights, keys, strict=True)
-        handles = [self.put_async(item, weight, key, True, timeout) for item, weight, key in triples]
+        """`put` each item (with its weight and key): `put_many` as room allows, waiting for
+        room in between and for the sends once at the end."""
+        weights, keys = _weights_and_keys(items, weights, keys)
+        handles: list[WorkHandle] = []
+        done = 0
+        while True:
+            count, sent = self.put_many(items[done:], weights[done:], keys[done:])
+            handles += sent
+            done += count
+            if done == len(items):
+                break
+            self._wait_for_room(True, timeout)
         for handle in handles:
             handle.wait(timeout)
+
+    def put_many(
+        self, items: list[Any], weights: list[float] | None = None, keys: list[Any] | None = None
+    ) -> tuple[int, list[WorkHandle]]:
+        """Put the first items, as many as the channel has room for now, without waiting:
+        each goes to the consumer the policy chooses (as `put` would, in order), and the items
+        for one consumer leave as one message. Returns how many were put and the sends'
+        handles (complete once their buffers may be reused).
+
+        One message per consumer instead of one per item: the coordinator's feed of 1,024
+        items to 24 ranks took 0.6 s at 32 ranks on 2 cores, item by item."""
+        weights, keys = _weights_and_keys(items, weights, keys)
+        for weight in weights:
+            self._check_put(weight)
+        self._take_acks()
+        count = max(0, min(len(items), self._spec.capacity - len(self._outstanding)))
+        remote: dict[int, list[tuple[int, Any, float, Any]]] = {}
+        for item, weight, key in zip(items[:count], weights[:count], keys[:count], strict=True):
+            consumer = self._choose(ItemInfo(weight, key))
+            item_id = self._next_id
+            self._next_id += 1
+            view = self._views[consumer]
+            view.queued_items += 1
+            view.queued_weight += weight
+            self._outstanding[item_id] = (consumer, weight)
+            if consumer == self.plane.rank:  # collocated consumer: hand the object over, no copy
+                self._queue.append(_Received(item_id, consumer, key, float(weight), item))
+            else:
+                remote.setdefault(consumer, []).append((item_id, key, float(weight), item))
+        handles = []
+        for consumer, entries in remote.items():
+            if len(entries) == 1:
+                message = (*entries[0], self.plane.rank)
+            else:
+                message = (BULK, None, 0.0, entries, self.plane.rank)
+            handles.append(self.plane.isend(message, consumer, self._item_tag))
+        return count, handles
 
     def _check_put(self, weight: float) -> None:
         if not self.is_producer:
@@ -145,7 +187,7 @@ class ProducerSide:
 
     def _take_acks(self) -> bool:
         got = False
-        for consumer in sorted(self._ack_sources):
+        for consumer in self.plane.ready_from(sorted(self._ack_sources), self._ack_tag):
             while True:
                 found, ack = self.plane.try_recv(consumer, self._ack_tag)
                 if not found:
@@ -181,3 +223,13 @@ class ProducerSide:
         for consumer in self._spec.consumers:
             self.plane.isend((END, None, 0.0, None, self.plane.rank), consumer, self._item_tag)
         self.plane.flush()
+
+
+def _weights_and_keys(
+    items: list[Any], weights: list[float] | None, keys: list[Any] | None
+) -> tuple[list[float], list[Any]]:
+    weights = [1.0] * len(items) if weights is None else list(weights)
+    keys = [None] * len(items) if keys is None else list(keys)
+    if not len(items) == len(weights) == len(keys):
+        raise ValueError("put_batch / put_many need as many weights and keys as items")
+    return weights, keys

@@ -11,6 +11,8 @@ from rlinf_hpc.comm.packing import pack, unpack
 END = -1  # the producer closed the channel
 FENCE = -2  # the producer sends nothing more to this (former) consumer
 FORWARDED = -3  # a former consumer has passed on everything it held
+#: Several items in one message (`put_many`): its value is ``[(item_id, key, weight, item), ...]``.
+BULK = -4
 #: Acknowledgements leave at least this often while items are being consumed.
 ACK_FLUSH_S = 1e-3
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from rlinf_hpc.comm.collectives import Collectives, Members
@@ -238,6 +238,11 @@ class DataPlane:
         if item is None:
             return False, None
         return True, self._inbox.finish(item, rank, device or self.device, None)
+
+    def ready_from(self, sources: Iterable[int], tag: Any = 0) -> list[int]:
+        """The world ranks among ``sources`` with a complete message for ``tag`` here (for
+        `try_recv` to take), found with one probe loop over every source."""
+        return self._inbox.ready_from(sources, tag)
 
     def irecv(self, src: Address, tag: Any = 0, device: str | None = None, out: Any = None) -> WorkHandle:
         """Start receiving; the handle's ``wait()`` returns the object (see `recv`)."""

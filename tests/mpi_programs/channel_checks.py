@@ -413,6 +413,43 @@ def check_non_blocking_get_returns_what_is_here(size: int) -> None:
     world().Barrier()
 
 
+def check_put_many(plane: DataPlane, size: int) -> None:
+    """`put_many`: each item once and in order per consumer, one message per consumer, no more
+    items than the capacity has room for; `put_batch` over a small capacity waits for room."""
+    many, room = Channel(plane, "many"), Channel(plane, "many-small")
+    if plane.rank == 0:
+        sent_before = plane.stats["envelopes_sent"]
+        count, handles = many.put_many(
+            [{"i": i, "t": torch.full((2,), i)} for i in range(60)], [1.0 + i % 2 for i in range(60)]
+        )
+        assert count == 60 and len(handles) == size - 1, (count, len(handles))
+        plane.flush()
+        for handle in handles:
+            handle.wait(60)
+        assert plane.stats["envelopes_sent"] - sent_before <= size - 1, plane.stats
+        count, handles = room.put_many(list(range(10)))  # capacity 4: the first 4 only
+        assert count == 4, count
+        for handle in handles:
+            handle.wait(60)
+        assert room.put_many([99])[0] == 0  # full: nothing put, nothing raised
+        many.close()
+        world().Barrier()  # consumers start taking now
+        room.put_batch(list(range(4, 30)), timeout=60)  # waits for room as consumers take
+        room.close()
+        got, small = [], []
+    else:
+        world().Barrier()
+        got, small = drain(many), drain(room)
+        assert [g["i"] for g in got] == sorted(g["i"] for g in got)
+        assert all(int(g["t"][0]) == g["i"] for g in got)
+        assert small == sorted(small)
+    everything = world().gather(([g["i"] for g in got], small), root=0)
+    if plane.rank == 0:
+        assert sorted(i for part, _ in everything for i in part) == list(range(60))
+        assert sorted(i for _, part in everything for i in part) == list(range(30))
+        assert all(part for part, _ in everything[1:]), "put_many left a consumer out"
+
+
 def main() -> int:
     comm = world()
     size = comm.Get_size()
@@ -424,6 +461,8 @@ def main() -> int:
     specs |= {
         "batches": {},
         "small": {"capacity": 4},
+        "many": {},
+        "many-small": {"capacity": 4},
         "async": {},
         "bad": {},
         "never": {},
@@ -434,6 +473,7 @@ def main() -> int:
         ("every_item_once_in_order", lambda: check_every_item_once_in_order(plane, size)),
         ("weights_and_batches", lambda: check_weights_and_batches(plane, size)),
         ("backpressure", lambda: check_backpressure(plane, size)),
+        ("put_many", lambda: check_put_many(plane, size)),
         ("local_and_async", lambda: check_local_and_async(plane, size)),
         ("bad_input", lambda: check_bad_input(plane, size)),
         ("lost_items_are_reported", lambda: check_lost_items_are_reported(size)),
