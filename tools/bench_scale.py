@@ -179,6 +179,18 @@ def config_text(profile: Profile, spec: str, time_scale: float, steps: int) -> s
     )
 
 
+def auto_warmup(sets: list[str]) -> int:
+    """`placement.auto_warmup_steps` as the job sees it: the last ``--set`` of it, else the default.
+
+    >>> auto_warmup(["placement.mode=auto"]), auto_warmup(["placement.auto_warmup_steps=4"])
+    (2, 4)
+    """
+    from rlinf_hpc.config.schema import PlacementConfig
+
+    given = [s.split("=", 1)[1] for s in sets if s.startswith("placement.auto_warmup_steps=")]
+    return int(given[-1]) if given else PlacementConfig.model_fields["auto_warmup_steps"].default
+
+
 def run_mode(config: Path, out: Path, mode: str, ranks: int, sets: list[str]) -> dict[str, Any]:
     run_dir = out / f"{config.stem}-{mode}-{ranks}"
     command = [
@@ -197,7 +209,7 @@ def run_mode(config: Path, out: Path, mode: str, ranks: int, sets: list[str]) ->
             f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
         )
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    skip = 3 if mode == "auto" else 2  # auto: its 2 warm-up steps and the first decided one
+    skip = auto_warmup(sets) + 1 if mode == "auto" else 2  # auto: its warm-up and first decided step
     # not the last step either: off-policy's last step only trains (nothing left to generate)
     measured = records[skip:-1] or records[-1:]
 
