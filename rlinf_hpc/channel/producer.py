@@ -63,19 +63,11 @@ class ProducerSide:
         ``consumer`` is the world rank the item goes to."""
         self._check_put(weight)
         self._wait_for_room(block, timeout)
-        consumer = self._choose(ItemInfo(weight, key))
-        item_id = self._next_id
-        self._next_id += 1
-        view = self._views[consumer]
-        view.queued_items += 1
-        view.queued_weight += weight
-        self._outstanding[item_id] = (consumer, weight)
-        if consumer == self.plane.rank:  # collocated consumer: hand the object over, no copy
-            self._queue.append(_Received(item_id, consumer, key, float(weight), item))
+        consumer, entry = self._assign(item, weight, key)
+        if consumer == self.plane.rank:
             handle = done_handle()
         else:
-            message = (item_id, key, float(weight), item, self.plane.rank)
-            handle = self.plane.isend(message, consumer, self._item_tag)
+            handle = self.plane.isend((*entry, self.plane.rank), consumer, self._item_tag)
         handle.consumer = consumer  # type: ignore[attr-defined]
         return handle
 
@@ -118,17 +110,9 @@ class ProducerSide:
         count = max(0, min(len(items), self._spec.capacity - len(self._outstanding)))
         remote: dict[int, list[tuple[int, Any, float, Any]]] = {}
         for item, weight, key in zip(items[:count], weights[:count], keys[:count], strict=True):
-            consumer = self._choose(ItemInfo(weight, key))
-            item_id = self._next_id
-            self._next_id += 1
-            view = self._views[consumer]
-            view.queued_items += 1
-            view.queued_weight += weight
-            self._outstanding[item_id] = (consumer, weight)
-            if consumer == self.plane.rank:  # collocated consumer: hand the object over, no copy
-                self._queue.append(_Received(item_id, consumer, key, float(weight), item))
-            else:
-                remote.setdefault(consumer, []).append((item_id, key, float(weight), item))
+            consumer, entry = self._assign(item, weight, key)
+            if consumer != self.plane.rank:
+                remote.setdefault(consumer, []).append(entry)
         handles = []
         for consumer, entries in remote.items():
             if len(entries) == 1:
@@ -137,6 +121,21 @@ class ProducerSide:
                 message = (BULK, None, 0.0, entries, self.plane.rank)
             handles.append(self.plane.isend(message, consumer, self._item_tag))
         return count, handles
+
+    def _assign(self, item: Any, weight: float, key: Any) -> tuple[int, tuple[int, Any, float, Any]]:
+        """Choose the item's consumer and count it as outstanding there; a consumer on this rank
+        gets the object handed over (no copy). Returns the consumer's world rank and the item's
+        wire entry ``(item_id, key, weight, item)`` for the caller to send."""
+        consumer = self._choose(ItemInfo(weight, key))
+        item_id = self._next_id
+        self._next_id += 1
+        view = self._views[consumer]
+        view.queued_items += 1
+        view.queued_weight += weight
+        self._outstanding[item_id] = (consumer, weight)
+        if consumer == self.plane.rank:
+            self._queue.append(_Received(item_id, consumer, key, float(weight), item))
+        return consumer, (item_id, key, float(weight), item)
 
     def _check_put(self, weight: float) -> None:
         if not self.is_producer:
