@@ -125,7 +125,9 @@ def references(tmp_path_factory: pytest.TempPathFactory) -> _References:
     ("scenario", "how", "after", "resumed_from"),
     [
         ("disaggregated", "kill", 3, 2),  # killed in step 4; step 2's save was committed at 3
-        ("collocated", "kill", 3, 2),
+        # collocated resumes: the epoch-boundary and bad-checkpoint tests (one worker rank), and
+        # the embodied resume into another placement; this one adds DDP over 2 ranks (1 min)
+        pytest.param("collocated", "kill", 3, 2, marks=pytest.mark.slow),
         pytest.param("off_policy", "kill", 3, 2, marks=pytest.mark.slow),  # 3.6 min on a slow box
         # SIGUSR2: on disaggregated ranks in the SLURM requeue test, on auto in the last test here
     ],

@@ -10,6 +10,7 @@ import pytest
 from conftest import CONFIGS, TINY, make_tiny_hf_model, rlinf
 
 PLACEMENTS = {
+    # disaggregated (the config's placement, with TensorBoard): the fixed-seed test's runs
     "disaggregated": (5, ["grpo.tensorboard=true"]),
     "collocated": (3, [f"components.{c}.num_ranks=2" for c in ("rollout", "reward", "inference", "actor")]),
     "hybrid": (4, ['placement.groups=[["rollout", "inference"]]']),
@@ -29,24 +30,29 @@ def _run(tmp_path: Path, np: int, sets: list[str], name: str = "run") -> tuple[d
     return json.loads((tmp_path / name / "summary.json").read_text()), result.stdout
 
 
-@pytest.mark.parametrize("mode", sorted(PLACEMENTS))
-def test_two_grpo_steps_in_every_placement(tmp_path: Path, mode: str) -> None:
-    np, extra = PLACEMENTS[mode]
-    summary, stdout = _run(tmp_path, np, [*TINY, f"placement.mode={mode}", *extra])
-    assert summary["outcome"] == "ok" and summary["steps"] == 2
+def _check_run(run_dir: Path, summary: dict, stdout: str, steps: int) -> list[str]:
+    """What every placement's run must show; the actor ranks' weight digests."""
+    assert summary["outcome"] == "ok" and summary["steps"] == steps
     for key in ("eval_accuracy_start", "eval_accuracy_end"):
         assert 0.0 <= summary[key] <= 1.0
     assert summary["wall_seconds"] > 0
-    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in metrics] == [1, 2]
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == list(range(1, steps + 1))
     assert all(m["tokens"] > 0 and m["weight_sync_s"] >= 0 and "eval_accuracy" in m for m in metrics)
-    assert (tmp_path / "run" / "progress.png").stat().st_size > 1000
+    assert (run_dir / "progress.png").stat().st_size > 1000
     digests = json.loads(next(line for line in stdout.splitlines() if line.startswith("DIGESTS "))[8:])
     actor = digests["actor"]
     assert len(set(actor)) == 1  # data-parallel ranks hold identical weights after the updates
     assert set(digests["rollout"]) == set(actor) and set(digests["inference"]) == set(actor)  # synced
-    if mode == "disaggregated":  # TensorBoard scalars next to metrics.jsonl
-        assert list((tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*"))
+    return actor
+
+
+@pytest.mark.parametrize("mode", sorted(set(PLACEMENTS) - {"disaggregated"}))
+def test_two_grpo_steps_in_every_placement(tmp_path: Path, mode: str) -> None:
+    np, extra = PLACEMENTS[mode]
+    summary, stdout = _run(tmp_path, np, [*TINY, f"placement.mode={mode}", *extra])
+    actor = _check_run(tmp_path / "run", summary, stdout, 2)
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     if mode == "collocated":
         assert len(actor) == 2  # DDP over two ranks
         assert any(m["switch_s"] > 0 for m in metrics)  # components took turns on the ranks
@@ -55,8 +61,11 @@ def test_two_grpo_steps_in_every_placement(tmp_path: Path, mode: str) -> None:
 def test_fixed_seed_gives_the_same_numbers_and_off_policy_starts_on_policy(tmp_path: Path) -> None:
     """Two runs of one seed agree; one-step off-policy (run c) trains its first step on the
     same on-policy samples (the same numbers), then on samples one update old."""
-    sets = [*[s for s in TINY if not s.startswith("grpo.steps=")], "grpo.steps=3"]
-    first, _ = _run(tmp_path, 5, sets, "a")
+    np, extra = PLACEMENTS["disaggregated"]
+    sets = [*[s for s in TINY if not s.startswith("grpo.steps=")], "grpo.steps=3", *extra]
+    first, stdout = _run(tmp_path, np, sets, "a")
+    _check_run(tmp_path / "a", first, stdout, 3)  # the disaggregated placement's run
+    assert list((tmp_path / "a" / "tensorboard").glob("events.out.tfevents.*"))  # beside metrics.jsonl
     second, _ = _run(tmp_path, 5, sets, "b")
     third, _ = _run(tmp_path, 5, [*sets, "grpo.off_policy_steps=1"], "c")
     keys = ("reward", "loss", "pg_loss", "ppo_kl", "sample_accuracy", "eval_accuracy")

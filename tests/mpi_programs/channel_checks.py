@@ -343,9 +343,11 @@ def check_unequal_consumers_share_a_small_capacity(size: int) -> None:
         spread = (max(own[1:]) - min(own[1:])) / (sum(own[1:]) / len(consumers))
         assert spread < 0.5, (own, served)
         # what a consumer reports trails its own clock by its last item (not reported after the
-        # end) and includes its own per-item overhead around the sleep
+        # end) and includes its own per-item overhead around the sleep: up to 0.5 ms an item on a
+        # loaded box (CI saw 0.25 ms: 12% over the 2 ms items of consumer 1)
         for view, mine in zip(views, own[1:], strict=True):
-            assert mine - 2 * 2e-3 * view.rank**2 <= view.busy_s <= 1.1 * mine + 2e-3, (reported, own)
+            overhead = max(0.1 * mine, 0.5e-3 * view.served_items) + 2e-3
+            assert mine - 2 * 2e-3 * view.rank**2 <= view.busy_s <= mine + overhead, (reported, own, served)
 
 
 def check_batch_filled_in_several_gets_measures_its_rate(size: int) -> None:
