@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.slurm, *([pytest.mark.skip(reason=_REASON)] if _REASON
 SETS = [
     *[s for s in TINY if not s.startswith(("grpo.steps=", "flow.runner="))],
     "grpo.steps=30",  # signalled after 10: the rest (~10 s) outlasts the signal's way in by seconds
-    "checkpoint.every_steps=10",  # a periodic save before the signal and two after the resume
+    "checkpoint.every_steps=10",  # periodic saves before the signal and after the resume
     # fixed micro-batches: elastic ones follow timing, and with them this test saw one loss
     # differ in its 7th digit at step 35 of 60 on a slow box (suspected: a micro-batch's padded
     # length changes the last bits of batched log-probs); the exact resume is this test's point
