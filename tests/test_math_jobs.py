@@ -30,8 +30,8 @@ def _run(tmp_path: Path, np: int, sets: list[str], name: str = "run") -> tuple[d
     return json.loads((tmp_path / name / "summary.json").read_text()), result.stdout
 
 
-def _check_run(run_dir: Path, summary: dict, stdout: str, steps: int) -> list[str]:
-    """What every placement's run must show; the actor ranks' weight digests."""
+def _check_run(run_dir: Path, summary: dict, stdout: str, steps: int) -> tuple[list[str], list[dict]]:
+    """What every placement's run must show; the actor ranks' weight digests and the metrics."""
     assert summary["outcome"] == "ok" and summary["steps"] == steps
     for key in ("eval_accuracy_start", "eval_accuracy_end"):
         assert 0.0 <= summary[key] <= 1.0
@@ -44,15 +44,14 @@ def _check_run(run_dir: Path, summary: dict, stdout: str, steps: int) -> list[st
     actor = digests["actor"]
     assert len(set(actor)) == 1  # data-parallel ranks hold identical weights after the updates
     assert set(digests["rollout"]) == set(actor) and set(digests["inference"]) == set(actor)  # synced
-    return actor
+    return actor, metrics
 
 
 @pytest.mark.parametrize("mode", sorted(set(PLACEMENTS) - {"disaggregated"}))
 def test_two_grpo_steps_in_every_placement(tmp_path: Path, mode: str) -> None:
     np, extra = PLACEMENTS[mode]
     summary, stdout = _run(tmp_path, np, [*TINY, f"placement.mode={mode}", *extra])
-    actor = _check_run(tmp_path / "run", summary, stdout, 2)
-    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    actor, metrics = _check_run(tmp_path / "run", summary, stdout, 2)
     if mode == "collocated":
         assert len(actor) == 2  # DDP over two ranks
         assert any(m["switch_s"] > 0 for m in metrics)  # components took turns on the ranks
@@ -66,8 +65,8 @@ def test_fixed_seed_gives_the_same_numbers_and_off_policy_starts_on_policy(tmp_p
     first, stdout = _run(tmp_path, np, sets, "a")
     _check_run(tmp_path / "a", first, stdout, 3)  # the disaggregated placement's run
     assert list((tmp_path / "a" / "tensorboard").glob("events.out.tfevents.*"))  # beside metrics.jsonl
-    second, _ = _run(tmp_path, 5, sets, "b")
-    third, _ = _run(tmp_path, 5, [*sets, "grpo.off_policy_steps=1"], "c")
+    second, _ = _run(tmp_path, np, sets, "b")
+    third, _ = _run(tmp_path, np, [*sets, "grpo.off_policy_steps=1"], "c")
     keys = ("reward", "loss", "pg_loss", "ppo_kl", "sample_accuracy", "eval_accuracy")
     rows = [
         [
