@@ -155,22 +155,25 @@ def test_bench_embodied_writes_every_ratio(tmp_path: Path) -> None:
 
 
 def test_bench_scale_runs_the_emulated_cluster_and_writes_every_ratio(tmp_path: Path) -> None:
-    """Smoke size: 8 ranks (7 emulated devices), three modes, a quarter of the sleep."""
+    """Smoke size: 8 ranks (7 emulated devices), four modes, a quarter of the sleep."""
     out = tmp_path / "bench.json"
     command = [
         str(BIN / "python"), str(REPO / "tools" / "bench_scale.py"), "--quick", "--ranks", "8",
-        "--others", "", "--modes", "centralized,collocated,auto", "--steps", "4", "--time-scale", "0.0025",
-        "--out", str(tmp_path / "runs"), "--json", str(out),
+        "--others", "", "--modes", "centralized,collocated,auto,off_policy_partial", "--steps", "4",
+        "--time-scale", "0.0025", "--out", str(tmp_path / "runs"), "--json", str(out),
     ]  # fmt: skip
     result = run_command(command, timeout=400)
     assert result.returncode == 0, result.output
     data = json.loads(out.read_text())
     assert data["emulated"] and "EMULATED" in result.stdout
-    assert {"best_vs_centralized", "auto_vs_best", "idle_vs_centralized", "cost_model_error"} <= set(
-        data["ratios"]
-    )
+    assert {
+        "best_vs_centralized", "auto_vs_best", "idle_vs_centralized", "cost_model_error",
+        "stale_best_vs_centralized", "stale_idle_vs_centralized",
+    } <= set(data["ratios"])  # fmt: skip
     modes = data["raw"]["grpo-7b"]["8"]
-    assert set(modes) == {"centralized", "collocated", "auto"}
+    assert set(modes) == {"centralized", "collocated", "auto", "off_policy_partial"}
+    stale = modes.pop("off_policy_partial")  # partial rollouts, hybrid, one-step off-policy
+    assert 1 <= stale["policy_lag"] <= 3 and 0 < stale["carried_fraction"] < 0.5
     for mode in modes.values():
         assert (
             mode["step_s"] > 0 and 0 <= mode["idle_fraction"] <= 1 and mode["coordinator_busy_fraction"] < 0.5

@@ -59,13 +59,18 @@ class _Feed:
         return out
 
 
-def _engine(lengths: list[int], arrivals: list[int]) -> tuple[object, list[list[dict]]]:
+def _engine(
+    lengths: list[int], arrivals: list[int], stage: object | None = None, step: int = 0
+) -> tuple[object, list[list[dict]]]:
+    """One step of an engine (``stage``: the same engine's next step, what it carried kept)."""
     from rlinf_hpc.apps.emulated.workers import EmulatedStage
 
-    stage = EmulatedStage.__new__(EmulatedStage)  # no job: the profile and a tiny time scale
-    stage.profile, stage.cost, stage.scale, stage._in_work = PROFILE, PROFILE.stages["rollout"], 1e-6, 0
+    if stage is None:
+        stage = EmulatedStage.__new__(EmulatedStage)  # no job: the profile and a tiny time scale
+        stage.profile, stage.cost, stage.scale, stage._in_work = PROFILE, PROFILE.stages["rollout"], 1e-6, 0
+        stage._carry = []
     stage._reset()
-    feed = _Feed([{"uid": i, "length": n} for i, n in enumerate(lengths)], arrivals)
+    feed = _Feed([{"uid": f"{step}:{i}", "length": n} for i, n in enumerate(lengths)], arrivals)
     stage.feed = feed
     return stage, list(stage.engine(feed))
 
@@ -87,6 +92,41 @@ def test_engine_costs_what_a_generate_call_costs_and_streams_in_order_of_length(
     apart = PROFILE.rollout_seconds(lengths[:half]) + PROFILE.rollout_seconds(lengths[half:])
     assert sum(len(c) for c in chunks) == len(lengths)
     assert stage._slept < 0.9 * apart
+
+
+def test_partial_rollouts_stop_before_the_tail_and_finish_every_response_within_its_span() -> None:
+    """With partial rollouts an engine stops once its input ended and 20% of the step's requests
+    still decode: it pays far less than the whole call (no long tail), the rest goes on first
+    in its next steps (``lag`` = the steps a response began before), and no response spans
+    more than ``partial_span`` steps: every one comes out exactly once, none with lag > 2."""
+    from dataclasses import replace
+
+    stage, out, seen = None, [], 0.0
+    batches = [PROFILE.lengths(random.Random(10 + k), 48) for k in range(4)]
+    for step, lengths in enumerate(batches):
+        if stage is not None:
+            stage.partial, stage.partial_span = 0.2, 3
+        stage, chunks = _engine(lengths, [len(lengths)], stage, step)
+        if step == 0:  # no partial rollouts yet: the whole call, its tail included
+            assert stage._slept == pytest.approx(PROFILE.rollout_seconds(lengths))
+            stage.partial, stage.partial_span = 0.2, 3
+            stage, chunks = _engine(lengths, [len(lengths)], stage, step)
+            seen = stage._slept
+            assert seen < 0.8 * PROFILE.rollout_seconds(lengths)
+            assert stage.feed.partial == 0.2
+        assert 0 < len(stage._carry) <= 0.2 * (len(lengths) + 10)
+        out += [item for chunk in chunks for item in chunk]
+    uids = [item["uid"] for item in out]
+    assert len(uids) == len(set(uids))  # nothing twice
+    first_two = {f"{k}:{i}" for k in (0, 1) for i in range(48)}
+    assert first_two <= set(uids)  # span 3: steps 0 and 1 are all out after step 3
+    assert max(item.get("lag", 0) for item in out) == 2 and any(item.get("lag") == 1 for item in out)
+    assert not {item["uid"] for _, item in stage._carry} & set(uids)  # still decoding: not out
+    # the cost model of such an engine ends its time where the engine stops, not at its tail
+    model = fit_engine([(1.0, 100, 10)], batches[0], PROFILE.slots)
+    cut = replace(model, stop_fraction=0.2)
+    assert cut._time(batches[0]) < 0.8 * model._time(batches[0])
+    assert cut.spread(48, 4) != model.spread(48, 4)  # a copy predicts anew (no shared memo)
 
 
 def test_engine_reports_fit_a_model_that_predicts_other_shares() -> None:
@@ -173,6 +213,28 @@ def test_one_step_off_policy_generates_the_next_step_while_the_actor_trains(tmp_
         assert rollout[k + 1]["start"] < actor[k]["end"], (rollout, actor)
     bad = rlinf(*args, "--set", "placement.mode=auto", timeout=60)
     assert bad.returncode == 2 and "runs two pipelines at once" in bad.output, bad.output
+
+
+def test_partial_rollouts_train_about_a_steps_samples_with_bounded_lag(tmp_path: Path) -> None:
+    """A job with partial rollouts and one-step off-policy (bench_scale's `off_policy_partial`,
+    on 8 ranks): from the second step on, some trained responses were begun a step before,
+    the recorded lag stays within the bound (1 update for off-policy + at most 2 for a response
+    spanning 3 steps), and the rollout engines report what the cost model needs."""
+    run = tmp_path / "run"
+    sets = [
+        "emulation.off_policy_steps=1",
+        "emulation.partial_rollouts=0.2",
+        "emulation.partial_rollout_steps=3",
+    ]
+    result = rlinf(*_emulated_args(run, 256, *sets, "emulation.steps=4"), timeout=240)
+    assert result.returncode == 0, result.output
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert records[0]["partial_carried"] == 0 and records[0]["samples_trained"] < 256
+    assert all(r["partial_carried"] > 0 and 1 <= r["policy_lag"] <= 3 for r in records[1:])
+    assert all(r["samples_trained"] > 0.6 * 256 for r in records[1:])
+    assert "predicted_step_s" in records[-2]
+    bad = rlinf(*_emulated_args(run, 256, *sets, "emulation.continuous_generation=false"), timeout=60)
+    assert bad.returncode == 2 and "carries an engine's unfinished requests" in bad.output, bad.output
 
 
 def _profile_file(tmp_path: Path, text: str, name: str = "mine.toml") -> Path:

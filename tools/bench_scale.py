@@ -73,12 +73,21 @@ REQUIRED = {
     "idle_vs_centralized": ("<=", 0.5),
     "off_policy_vs_on_policy": (">=", 1.3),
     "off_policy_fixed_vs_fixed_pipeline": (">=", 1.3),
+    "off_policy_partial_vs_on_policy": (">=", 1.3),
+    "stale_best_vs_centralized": (">=", 1.5),
+    "stale_idle_vs_centralized": ("<=", 0.5),
 }
 MODES = (
     "centralized", "fixed_pipeline", "disaggregated", "collocated", "hybrid", "auto", "off_policy",
-    "off_policy_fixed", "fixed_engine",
+    "off_policy_fixed", "fixed_engine", "partial", "off_policy_partial",
 )  # fmt: skip
 OURS = ("disaggregated", "collocated", "hybrid")
+#: Modes whose trained samples are partly older than the last update (staleness bounded and
+#: recorded as ``policy_lag``): judged apart from the on-policy ones.
+STALE = ("partial", "off_policy_partial")
+#: Partial rollouts in the ``partial`` modes: an engine stops when 20% of its step's requests
+#: still decode and goes on with them in its next step; a response spans at most 3 steps.
+PARTIAL = ["emulation.partial_rollouts=0.2", "emulation.partial_rollout_steps=3"]
 
 
 def work_split(
@@ -150,6 +159,9 @@ def mode_settings(mode: str, profile: Profile, workers: int, samples: int, micro
         return [*sets, *elastic]
     if mode == "collocated":
         return ["placement.mode=collocated", *every, *elastic]
+    if mode in STALE:  # hybrid (an engine's rank goes on to log-probs), partial rollouts
+        off = ["emulation.off_policy_steps=1"] if mode == "off_policy_partial" else []
+        return [*mode_settings("hybrid", profile, workers, samples, micro_batch), *PARTIAL, *off]
     if mode == "hybrid":  # the two model stages share ranks, the rest get their own
         shared = hybrid_pair(profile)
         others = [s for s in stages if s not in shared]
@@ -203,6 +215,8 @@ def run_mode(config: Path, out: Path, mode: str, ranks: int, sets: list[str]) ->
     done = subprocess.run(
         command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=900
     )
+    if run_dir.is_dir():  # the job's own log, for reading a run afterwards
+        (run_dir / "job.log").write_text(done.stdout + done.stderr)
     if done.returncode != 0:
         raise SystemExit(
             f"{mode} at {ranks} ranks failed (exit {done.returncode}):\n"
@@ -225,6 +239,12 @@ def run_mode(config: Path, out: Path, mode: str, ranks: int, sets: list[str]) ->
         "tokens_per_s": mean("tokens_per_s"),
         "placement": records[-1]["placement"],
         "micro_batch": records[-1]["micro_batch"],
+        # staleness: the most updates between a trained token's generation and its update
+        "policy_lag": max(r.get("policy_lag", 0) for r in records),
+        "carried_fraction": sum(
+            r.get("partial_carried", 0) / max(1, r.get("samples_trained", 1)) for r in measured
+        )
+        / len(measured),
         "job_s": time.monotonic() - started,
     }
 
@@ -274,7 +294,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--micro-batch", type=int, default=32)
     parser.add_argument("--time-scale", type=float, default=0.01)
-    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--modes", default=",".join(m for m in MODES if m != "partial"))
     parser.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="config override (all modes)"
     )
@@ -322,6 +342,7 @@ def main() -> int:
                 rows.append(
                     (name, count, mode, r["placement"], f"{r['step_s']:.3f}", predicted,
                      f"{100 * r['idle_fraction']:.0f}%", f"{100 * r['coordinator_busy_fraction']:.1f}%",
+                     str(r.get("policy_lag", 0)),
                      " ".join(f"{k}:{v:g}" for k, v in r["micro_batch"].items()))
                 )  # fmt: skip
     print_table(
@@ -335,6 +356,7 @@ def main() -> int:
             "predicted s",
             "idle",
             "coordinator",
+            "lag",
             "micro-batch",
         ],
         rows,
@@ -345,11 +367,14 @@ def main() -> int:
     print_table(
         "per rank count (" + main_name + ")",
         ["ranks", "best mode", "best/centralized", "ceiling", "best/fixed", "best/fixed+engine",
-         "auto/best", "idle best/centralized", "off/on-policy"],
+         "auto/best", "idle best/centralized", "off/on-policy", "stale best", "stale/centralized",
+         "stale idle/centralized"],
         [(k, str(v["best"]), f"{v['best_vs_centralized']:.2f}", f"{v['ceiling']:.2f}",
           f"{v['best_vs_fixed_pipeline']:.2f}", f"{v['best_vs_fixed_engine']:.2f}",
           f"{v['auto_vs_best']:.2f}", f"{v['idle_vs_centralized']:.2f}",
-          f"{v['off_policy_vs_on_policy']:.2f}") for k, v in per_size.items()],
+          f"{v['off_policy_vs_on_policy']:.2f}", str(v["stale_best"]),
+          f"{v['stale_best_vs_centralized']:.2f}", f"{v['stale_idle_vs_centralized']:.2f}")
+         for k, v in per_size.items()],
     )  # fmt: skip
     rows, ok = check_ratios(
         ratios, {k: REQUIRED[k] for k in ratios}, not_yet_met=set(REQUIRED) if args.quick else ()
@@ -371,6 +396,8 @@ def compute_ratios(
         modes = by_ranks[count]
         ours = {m: modes[m]["step_s"] for m in OURS if m in modes}
         best = min(ours, key=ours.__getitem__) if ours else None
+        stale = {m: modes[m]["step_s"] for m in STALE if m in modes}
+        stale_best = min(stale, key=stale.__getitem__) if stale else None
 
         def ratio(a: str | None, b: str | None, key: str = "step_s", modes: dict = modes) -> float:
             if a is None or b is None or a not in modes or b not in modes:
@@ -386,6 +413,10 @@ def compute_ratios(
             "off_policy_vs_on_policy": ratio("disaggregated", "off_policy"),
             "off_policy_fixed_vs_fixed_pipeline": ratio("fixed_pipeline", "off_policy_fixed"),
             "best_vs_fixed_engine": ratio("fixed_engine", best),
+            "off_policy_partial_vs_on_policy": ratio(best, "off_policy_partial"),
+            "stale_best": stale_best,
+            "stale_best_vs_centralized": ratio("centralized", stale_best),
+            "stale_idle_vs_centralized": ratio(stale_best, "centralized", "idle_fraction"),
             "ceiling": 1 / max(1e-9, 1 - modes["centralized"]["idle_fraction"])
             if "centralized" in modes
             else math.nan,
@@ -394,14 +425,16 @@ def compute_ratios(
     ratios = {}
     for key in (
         "best_vs_centralized", "best_vs_fixed_pipeline", "auto_vs_best", "off_policy_vs_on_policy",
-        "off_policy_fixed_vs_fixed_pipeline",
+        "off_policy_fixed_vs_fixed_pipeline", "off_policy_partial_vs_on_policy",
+        "stale_best_vs_centralized",
     ):  # fmt: skip
         values = [e[key] for e in judged if not math.isnan(e[key])]
         if values:
             ratios[key] = min(values)  # the worse of the two rank counts
-    values = [e["idle_vs_centralized"] for e in judged if not math.isnan(e["idle_vs_centralized"])]
-    if values:
-        ratios["idle_vs_centralized"] = max(values)
+    for key in ("idle_vs_centralized", "stale_idle_vs_centralized"):
+        values = [e[key] for e in judged if not math.isnan(e[key])]
+        if values:
+            ratios[key] = max(values)
     errors = [
         abs(r["predicted_step_s"] - r["step_s"]) / r["step_s"]
         for modes in by_ranks.values() for r in modes.values() if r["predicted_step_s"]

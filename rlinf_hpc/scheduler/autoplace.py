@@ -15,6 +15,7 @@ stage's largest micro-batch by its device memory after its first step:
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from rlinf_hpc.log import get_logger
@@ -65,6 +66,7 @@ def _engine_model(replies: list[dict[str, Any]]) -> EngineModel | None:
     fitted = fit_engine(steps, lengths, min(int(report["slots"]) for report in reports))
     if fitted is None:
         return None
+    fitted = replace(fitted, stop_fraction=max(float(r.get("partial") or 0.0) for r in reports))
     return fitted.calibrated([r["busy_s"] for r in replies], [r["items"] for r in replies])
 
 

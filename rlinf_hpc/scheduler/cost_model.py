@@ -96,8 +96,15 @@ class EngineModel:
     #: Measured engine time over modelled (`calibrated`): what the fitted decode steps leave
     #: out — requests arriving over time rather than all at once, the host's own delays.
     calibration: float = 1.0
+    #: Partial rollouts: the engine stops once all its requests have started and at most this
+    #: fraction of them still decode (the rest goes on in its next step). Its time is then
+    #: the fixed cost of the decode steps up to that point plus the per-sequence cost of a
+    #: step's worth of tokens (in a steady state every token is decoded once, in one step or
+    #: the next).
+    stop_fraction: float = 0.0
+    #: Per model (not copied by `dataclasses.replace`: a changed copy predicts anew).
     _memo: dict[tuple[int, int], tuple[float, float, float]] = field(
-        default_factory=dict, compare=False, repr=False
+        default_factory=dict, init=False, compare=False, repr=False
     )
 
     def seconds(self, per_engine: float, engines: int) -> float:
@@ -133,8 +140,13 @@ class EngineModel:
         return self._memo[key]
 
     def _time(self, lengths: list[int]) -> float:
-        decode = self.step_s * max(slot_ends(lengths, self.slots)) + self.seq_step_s * sum(lengths)
-        return self.calibration * decode
+        ends = slot_ends(lengths, self.slots)
+        steps = max(ends)
+        if self.stop_fraction > 0:
+            running = math.floor(self.stop_fraction * len(lengths))  # left to the next step
+            last_start = max(end - length for end, length in zip(ends, lengths, strict=True))
+            steps = max(last_start, sorted(ends)[len(ends) - running - 1])
+        return self.calibration * (self.step_s * steps + self.seq_step_s * sum(lengths))
 
     def calibrated(self, busy_s: list[float], items: list[int]) -> EngineModel:
         """This model scaled so that its mean engine time on the measured shares (``items``
@@ -150,7 +162,7 @@ class EngineModel:
         if not busy_s or modelled <= 0:
             return self
         ratio = sum(busy_s) / len(busy_s) / (modelled / self.calibration)
-        return replace(self, calibration=min(1.5, max(1 / 1.5, ratio)), _memo={})
+        return replace(self, calibration=min(1.5, max(1 / 1.5, ratio)))
 
 
 def fit_engine(steps: list[tuple[float, int, int]], lengths: list[int], slots: int) -> EngineModel | None:
@@ -360,6 +372,7 @@ def placement_time(
             joined[1].append(index)
     micro_batches = math.ceil(num_items / micro_batch)
     works, latencies, switches = [], [], 0.0
+    firsts = []  # per group, each member's own latency (its first output after its first input)
     for ranks, members in groups:
         full, first = [], []
         for i in members:
@@ -372,6 +385,7 @@ def placement_time(
                 full.append(micro_batches * one / len(ranks))
                 first.append(one)
         works.append(sum(full))
+        firsts.append(first)
         lead = profiles[members[0]]
         if len(members) == 2 and lead.latency_seconds is not None:
             # An engine and one stage on its ranks: a rank whose engine is done goes on to that
@@ -384,7 +398,18 @@ def placement_time(
             latencies.append(sum(full[:-1]) + first[-1])
         if len(members) > 1:
             switches += sum(profiles[i].switch_seconds for i in members)
-    total = sum(latencies)
-    longest = max(work + total - latency for work, latency in zip(works, latencies, strict=True))
+
+    def waits(g: int) -> float:
+        """What group ``g``'s work waits on from the others: their latencies — but a group whose
+        stages come before and after ``g``'s (hybrid's rollout and inference around the reward)
+        feeds ``g`` at its first stage's own first output, not after its whole latency."""
+        first = groups[g][1][0]
+        return sum(
+            sum(firsts[h]) if members[0] < first < members[-1] else latencies[h]
+            for h, (_, members) in enumerate(groups)
+            if h != g
+        )
+
+    longest = max(work + waits(g) for g, work in enumerate(works))
     tail = sum(profiles[i].finish_seconds for i in groups[-1][1])
     return round(profiles[0].start_seconds + longest + switches + tail, 6)

@@ -14,7 +14,8 @@ it reports one "micro-batch" of everything it took (its sizes are the engine's b
 time from its first item to its first output (the cost model's latency of the stage).
 
 An engine that also reports its steps (``feed.progress(decode_steps, active, finished)`` after
-each of its iterations, and ``feed.slots``) lets ``auto`` model it (`cost_model.EngineModel`):
+each of its iterations, ``feed.slots``, and ``feed.partial`` if it carries its tail over to its
+next step) lets ``auto`` model it (`cost_model.EngineModel`):
 an engine's time is not proportional to its share of the requests (its longest response bounds
 it whatever the share), so one share's seconds per item mispredict another's.
 """
@@ -52,6 +53,10 @@ class Feed:
         self.wait_s = 0.0
         #: The engine's batch capacity (sequences at once), if it says (`progress`).
         self.slots: int | None = None
+        #: Partial rollouts, if the engine says: it stops once its input ended and at most this
+        #: fraction of the requests it admitted still decode, and carries them into its next
+        #: step (the cost model then ends its time there instead of at its longest response).
+        self.partial = 0.0
         #: Seconds and decode steps reported, summed per batch size (bounded by the slots
         #: however many steps an engine reports; the cost model's fit is the same).
         self._by_active: dict[int, list[float]] = {}
@@ -140,7 +145,7 @@ def run_continuous(
         "first_wait_s": 0.0 if feed.first_taken_at is None else feed.first_taken_at - started,
         "first_output_s": first_output_s,
         "engine": (
-            {"slots": feed.slots, "steps": steps, "lengths": feed.lengths}
+            {"slots": feed.slots, "steps": steps, "lengths": feed.lengths, "partial": feed.partial}
             if feed.slots and (steps := feed.steps) and feed.lengths
             else None
         ),

@@ -35,3 +35,10 @@ def validate(config: Any) -> None:
             'beside generation of step t+1); placement.mode = "auto" measures and places one. '
             'Choose the placement ("disaggregated", "hybrid") or use off_policy_steps = 0 with auto.'
         )
+    if emulation.partial_rollouts and not emulation.continuous_generation:
+        raise UserError(
+            f"emulation.partial_rollouts = {emulation.partial_rollouts:g} carries an engine's "
+            "unfinished requests into its next step, and there is no engine with "
+            "emulation.continuous_generation = false (one generate call per micro-batch ends "
+            "with its longest response). Set continuous_generation = true or partial_rollouts = 0."
+        )

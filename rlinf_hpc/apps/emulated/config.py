@@ -35,6 +35,23 @@ class EmulationConfig(Section):
         "whole step (requests join as slots free; the long tail is paid once per step); `false`: "
         "one generate call per micro-batch, each waiting on its longest response.",
     )
+    partial_rollouts: float = Field(
+        0.0,
+        ge=0,
+        le=0.5,
+        description="Partial rollouts (with continuous_generation): a rollout engine whose step "
+        "input has ended stops once at most this fraction of the requests it admitted in the step "
+        "still decode, and goes on with them first in its next step. 0: every response ends in its "
+        "own step (the engine waits for its longest one).",
+    )
+    partial_rollout_steps: int = Field(
+        2,
+        ge=2,
+        le=8,
+        description="With partial_rollouts: the most steps a response may span (it is finished in "
+        "its last one, however long it still is), so its first tokens are at most this minus one "
+        "updates stale.",
+    )
     samples_per_step: int | None = Field(
         None, ge=1, description="Responses (or transitions) per step; default: the profile's."
     )

@@ -11,7 +11,10 @@ profiles ``auto`` builds: per-item seconds of each stage's slowest rank, switche
 engine's time to first output, the mean micro-batch) next to the measured one. The response lengths are a
 function of (job seed, step), the same in every mode. With ``emulation.off_policy_steps = 1``
 the actor's stage is a pipeline of its own, fed step t's samples while the others produce step
-t+1's (as `apps.math.flow` does for GRPO).
+t+1's (as `apps.math.flow` does for GRPO). With ``emulation.partial_rollouts`` the rollout
+engines carry their last responses into the next step (`EmulatedStage.engine`); a step then
+trains on about as many samples as it generates, some of them begun the step before
+(``partial_carried``; ``policy_lag`` counts them).
 """
 
 from __future__ import annotations
@@ -110,6 +113,8 @@ def emulated_rl_flow(coordinator: Coordinator) -> dict[str, Any]:
         coordinator_cpu_s = time.process_time() - cpu
         step_s = seconds + sync_s
         useful = sum(s["useful_s"] for r in results for stats in r.finished.values() for s in stats)
+        trained = results[0].outputs  # the actor's samples (training first when off-policy)
+        carried = sum(1 for x in trained if x.get("lag"))  # partial rollouts: begun steps before
         stage_rows = [s for r in results for s in r.stages]
         record: dict[str, Any] = {
             "step": step + 1,
@@ -124,7 +129,10 @@ def emulated_rl_flow(coordinator: Coordinator) -> dict[str, Any]:
             "coordinator_cpu_s": round(coordinator_cpu_s, 4),
             "coordinator_busy_fraction": round(coordinator_cpu_s / step_s, 4),
             "placement": results[0].placement,
-            "policy_lag": lag,
+            # the most updates between a trained token's generation and this update
+            "policy_lag": lag + max((x.get("lag", 0) for x in trained), default=0),
+            "samples_trained": len(trained),
+            "partial_carried": carried,
             "phases_s": {s["component"]: round(s["busy_s"], 4) for s in stage_rows},
             "switch_s": round(sum(s["switch_s"] for s in stage_rows), 4),
             "micro_batch": {s["component"]: round(s["mean_micro_batch"], 2) for s in stage_rows},

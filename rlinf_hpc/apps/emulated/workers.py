@@ -24,12 +24,21 @@ ENGINE_QUANTUM = 20
 
 
 class EmulatedStage(Worker):
+    #: Partial rollouts (`engine`): the fraction of a step's requests left decoding when the
+    #: engine stops, and the most steps a response may span (``emulation``'s keys).
+    partial = 0.0
+    partial_span = 2
+
     def setup(self) -> None:
         emulation = self.job_config.emulation  # type: ignore[union-attr]
         self.profile = get_profile(emulation.profile)
         self.cost = self.profile.stages[self.component]
         self.scale = emulation.time_scale
+        self.partial, self.partial_span = emulation.partial_rollouts, emulation.partial_rollout_steps
         self._in_work = 0  # samples of the micro-batch in work (device memory)
+        #: Partial rollouts: (decode steps left, item) of the requests the engine's last step
+        #: stopped before they were done.
+        self._carry: list[tuple[int, dict[str, Any]]] = []
         self._reset()
 
     def _reset(self) -> None:
@@ -76,15 +85,32 @@ class EmulatedStage(Worker):
         micro-batch), and each response goes downstream when it is done. The low-occupancy tail
         is paid once, when the step's requests run out. Emulated time is kept against the clock
         (sleep overshoot does not accumulate); time lost waiting for input or downstream is not
-        made up."""
+        made up.
+
+        With ``emulation.partial_rollouts = f`` (partial rollouts) the engine does not wait for
+        that tail: once its input has ended, the requests it must finish in this step are done
+        and at most a fraction ``f`` of the requests it admitted still decode, it stops and keeps
+        them (with the decode steps they have left) for its next step, where they are admitted
+        first. A response spans at most ``emulation.partial_rollout_steps`` steps (it must finish
+        in its last one), so its first tokens are at most that minus one updates stale (``lag``
+        on the item: the steps it began before the one that finished it)."""
         profile, slots = self.profile, self.profile.slots
+        partial, span = self.partial, self.partial_span
         feed.slots = slots  # and `feed.progress` below: what the cost model needs of an engine
-        active: list[tuple[int, int, dict[str, Any]]] = []  # (decode step it ends at, seq, item)
+        feed.partial = partial
+        # (decode step it ends at, seq, item, decode step it started at, carried in)
+        active: list[tuple[int, int, dict[str, Any], int, bool]] = []
         clock = 0  # decode steps
         emulated = 0.0  # seconds of decode work so far
         anchor = time.monotonic()  # real time at emulated 0 (moved by time not made up)
-        admitted: list[int] = []
-        seq = 0
+        decoded = 0  # tokens decoded this step (carried requests: their part in this step)
+        seq, admitted, must = 0, 0, 0  # must: requests in their last allowed step
+        for left, item in self._carry:  # what the last step left, admitted first
+            lag = item.get("lag", 0) + 1
+            last = lag + 1 >= span
+            heapq.heappush(active, (left, seq, {**item, "lag": lag}, 0, last))
+            seq, admitted, must = seq + 1, admitted + 1, must + last
+        self._carry = []
         while True:
             if len(active) < slots and not feed.ended:
                 waited = time.monotonic()
@@ -92,14 +118,17 @@ class EmulatedStage(Worker):
                 if not active:  # the engine was empty: waiting is not work
                     anchor += time.monotonic() - waited
                 for item in new:
-                    heapq.heappush(active, (clock + item["length"], seq, item))
-                    admitted.append(item["length"])
-                    seq += 1
+                    heapq.heappush(active, (clock + item["length"], seq, item, clock, False))
+                    seq, admitted = seq + 1, admitted + 1
                 self._in_work = len(active)
             if not active:
                 if feed.ended:
                     break
                 continue
+            if partial and feed.ended and must == 0 and len(active) <= partial * admitted:
+                self._carry = [(end - clock, item) for end, _, item, _, _ in active]
+                decoded += sum(clock - begun for _, _, _, begun, _ in active)
+                break
             steps = min(active[0][0] - clock, ENGINE_QUANTUM)
             occupancy = len(active) / slots
             emulated += steps * profile.decode_step_s * (profile.alpha + (1 - profile.alpha) * occupancy)
@@ -112,18 +141,24 @@ class EmulatedStage(Worker):
             running = len(active)
             done = []
             while active and active[0][0] <= clock:
-                done.append(heapq.heappop(active)[2])
+                end, _, item, begun, last = heapq.heappop(active)
+                done.append(item)
+                decoded += end - begun
+                must -= last
             feed.progress(steps, running, [item["length"] for item in done])
             if done:
                 yield done
-        self._account(admitted, emulated)
+        self._account_tokens(admitted - len(self._carry), decoded, emulated)
 
     def _account(self, lengths: list[int], seconds: float) -> None:
-        self._items += len(lengths)
-        self._tokens += sum(lengths)
+        self._account_tokens(len(lengths), sum(lengths), seconds)
+
+    def _account_tokens(self, items: int, tokens: int, seconds: float) -> None:
+        self._items += items
+        self._tokens += tokens
         self._slept += seconds
         if self.cost.kind == "generate":  # at full occupancy the same tokens would take
-            self._useful += self.profile.decode_step_s * sum(lengths) / self.profile.slots
+            self._useful += self.profile.decode_step_s * tokens / self.profile.slots
         else:
             self._useful += seconds
 
