@@ -143,7 +143,7 @@ class EngineModel:
         ends = slot_ends(lengths, self.slots)
         steps = max(ends)
         if self.stop_fraction > 0:
-            running = math.floor(self.stop_fraction * len(lengths))  # left to the next step
+            running = min(len(lengths) - 1, math.floor(self.stop_fraction * len(lengths)))  # go on next step
             last_start = max(end - length for end, length in zip(ends, lengths, strict=True))
             steps = max(last_start, sorted(ends)[len(ends) - running - 1])
         return self.calibration * (self.step_s * steps + self.seq_step_s * sum(lengths))

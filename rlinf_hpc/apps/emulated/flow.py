@@ -14,7 +14,8 @@ the actor's stage is a pipeline of its own, fed step t's samples while the other
 t+1's (as `apps.math.flow` does for GRPO). With ``emulation.partial_rollouts`` the rollout
 engines carry their last responses into the next step (`EmulatedStage.engine`); a step then
 trains on about as many samples as it generates, some of them begun the step before
-(``partial_carried``; ``policy_lag`` counts them).
+(``partial_carried``; ``policy_lag`` counts them); what the engines still hold after the last
+step is not trained (the job ends; this app saves no checkpoints).
 """
 
 from __future__ import annotations

@@ -98,7 +98,7 @@ class EmulatedStage(Worker):
         partial, span = self.partial, self.partial_span
         feed.slots = slots  # and `feed.progress` below: what the cost model needs of an engine
         feed.partial = partial
-        # (decode step it ends at, seq, item, decode step it started at, carried in)
+        # (decode step it ends at, seq, item, decode step it started at, in its last allowed step)
         active: list[tuple[int, int, dict[str, Any], int, bool]] = []
         clock = 0  # decode steps
         emulated = 0.0  # seconds of decode work so far
