@@ -26,7 +26,12 @@ responses (lengths are a function of seed and step):
   on), and ``auto`` (two collocated warm-up steps, then the cost model's choice);
 * ``off_policy``: ``disaggregated`` with one-step off-policy (the actor trains on step t's
   samples while the other stages produce step t+1's); ``off_policy_fixed``: the same with the
-  fixed pipeline's micro-batches (the off-policy effect without the elastic controller's).
+  fixed pipeline's micro-batches (the off-policy effect without the elastic controller's);
+* ``off_policy_partial``: ``hybrid`` with one-step off-policy and **partial rollouts** (an
+  engine stops when 20% of its step's requests still decode and goes on with them next step; a
+  response spans at most 3 steps): it does not wait for the long tail, and trains on responses
+  up to 3 updates stale; ``partial`` (not in the default ``--modes``): the same, on-policy.
+  These modes change the algorithm (staleness, recorded as ``lag``), so they are judged apart.
 
 Per mode: mean step time (steps after the first two but the last; auto: after its warm-up and
 the first decided step; off-policy's first step also generates its samples, its last only
@@ -37,9 +42,12 @@ Ratios (on ``--profile`` at the largest and the middle rank count): ``best_vs_ce
 (>= 0.95), ``cost_model_error`` (<= 0.10: the largest relative error over modes and rank
 counts), ``idle_vs_centralized`` (<= 0.5: the best mode's idle fraction / centralized's),
 ``off_policy_vs_on_policy`` (>= 1.3: disaggregated's step time / off_policy's), and beside it
-(reported) ``off_policy_fixed_vs_fixed_pipeline``. Per rank count the table also shows the
-**ceiling**: centralized's step over the step with no idle time at all (its work at full
-efficiency spread evenly over the workers), the most any placement could gain on the profile.
+(reported) ``off_policy_fixed_vs_fixed_pipeline``; for the stale modes
+``off_policy_partial_vs_on_policy`` (>= 1.3: the best on-policy mode's step / its),
+``stale_best_vs_centralized`` (>= 1.5) and ``stale_idle_vs_centralized`` (<= 0.5). Per rank
+count the table also shows the **ceiling**: centralized's step over the step with no idle
+time at all (its work at full efficiency spread evenly over the workers), the most any
+placement could gain on the profile.
 """
 
 from __future__ import annotations
