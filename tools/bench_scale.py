@@ -99,11 +99,17 @@ PARTIAL = ["emulation.partial_rollouts=0.2", "emulation.partial_rollout_steps=3"
 
 
 def work_split(
-    profile: Profile, workers: int, micro_batch: int, names: list[str] | None = None, engine: bool = True
+    profile: Profile,
+    workers: int,
+    micro_batch: int,
+    names: list[str] | None = None,
+    engine: bool = True,
+    partial: bool = False,
 ) -> dict[str, int]:
     """Ranks per stage in proportion to each stage's seconds per item (from the profile, at
-    ``micro_batch``; a generation engine at two batches of slots), as a user sizing a pipeline
-    by hand would."""
+    ``micro_batch``; a generation engine at two batches of slots, or with ``partial`` rollouts,
+    which do not wait for the tail, at its full-occupancy throughput), as a user sizing a
+    pipeline by hand would."""
     rng = random.Random(0)
     lengths = profile.lengths(rng, 4096)
 
@@ -111,12 +117,17 @@ def work_split(
         size = 2 * profile.slots if engine and profile.stages[name].kind == "generate" else micro_batch
         return [lengths[i : i + size] for i in range(0, len(lengths), size)]
 
+    def seconds(name: str, chunk: list[int]) -> float:
+        if partial and profile.stages[name].kind == "generate":
+            return profile.decode_step_s * sum(chunk) / profile.slots + profile.stages[name].seconds_per_call
+        return profile.stage_seconds(name, chunk)
+
     names = names or list(profile.stages)
     costs = []
     for name in names:
         parts = name.split("+")
-        seconds = sum(profile.stage_seconds(p, c) for p in parts for c in chunks(p)) / len(lengths)
-        costs.append(PhaseProfile(name, seconds))
+        per_item = sum(seconds(p, c) for p in parts for c in chunks(p)) / len(lengths)
+        costs.append(PhaseProfile(name, per_item))
     return split_ranks(costs, workers)
 
 
@@ -167,17 +178,16 @@ def mode_settings(mode: str, profile: Profile, workers: int, samples: int, micro
         return [*sets, *elastic]
     if mode == "collocated":
         return ["placement.mode=collocated", *every, *elastic]
-    if mode in STALE:  # hybrid (an engine's rank goes on to log-probs), partial rollouts
-        off = ["emulation.off_policy_steps=1"] if mode == "off_policy_partial" else []
-        return [*mode_settings("hybrid", profile, workers, samples, micro_batch), *PARTIAL, *off]
-    if mode == "hybrid":  # the two model stages share ranks, the rest get their own
+    off = ["emulation.off_policy_steps=1"] if mode == "off_policy_partial" else []
+    if mode in ("hybrid", *STALE):  # the two model stages share ranks, the rest get their own
         shared = hybrid_pair(profile)
         others = [s for s in stages if s not in shared]
-        split = work_split(profile, workers, micro_batch, ["+".join(shared), *others])
+        split = work_split(profile, workers, micro_batch, ["+".join(shared), *others], partial=mode in STALE)
         sets = [f"components.{s}.num_ranks={split['+'.join(shared)]}" for s in shared]
         sets += [f"components.{s}.num_ranks={split[s]}" for s in others]
         groups = "[[" + ", ".join(f'"{s}"' for s in shared) + "]]"
-        return ["placement.mode=hybrid", f"placement.groups={groups}", *sets, *elastic]
+        stale = [*PARTIAL, *off] if mode in STALE else []  # partial rollouts (and off-policy)
+        return ["placement.mode=hybrid", f"placement.groups={groups}", *sets, *elastic, *stale]
     # the default warm-up (2 steps): the first step of a job is slower than the rest (20% here),
     # and an engine's fitted model from it mispredicts more than its mean seconds per item
     return ["placement.mode=auto", *every, *elastic]
