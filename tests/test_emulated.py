@@ -101,7 +101,7 @@ def test_partial_rollouts_stop_before_the_tail_and_finish_every_response_within_
     more than ``partial_span`` steps: every one comes out exactly once, none with lag > 2."""
     from dataclasses import replace
 
-    stage, out, seen = None, [], 0.0
+    stage, out = None, []
     batches = [PROFILE.lengths(random.Random(10 + k), 48) for k in range(4)]
     for step, lengths in enumerate(batches):
         if stage is not None:
@@ -111,8 +111,7 @@ def test_partial_rollouts_stop_before_the_tail_and_finish_every_response_within_
             assert stage._slept == pytest.approx(PROFILE.rollout_seconds(lengths))
             stage.partial, stage.partial_span = 0.2, 3
             stage, chunks = _engine(lengths, [len(lengths)], stage, step)
-            seen = stage._slept
-            assert seen < 0.8 * PROFILE.rollout_seconds(lengths)
+            assert stage._slept < 0.8 * PROFILE.rollout_seconds(lengths)
             assert stage.feed.partial == 0.2
         assert 0 < len(stage._carry) <= 0.2 * (len(lengths) + 10)
         out += [item for chunk in chunks for item in chunk]
