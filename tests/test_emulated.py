@@ -12,8 +12,8 @@ import pytest
 from rlinf_hpc.apps.emulated.profiles import PROFILES
 from rlinf_hpc.config import load_config
 from rlinf_hpc.errors import UserError
-from rlinf_hpc.scheduler.cost_model import fit_engine
 from rlinf_hpc.scheduler.elastic import micro_batch_bound
+from rlinf_hpc.scheduler.engine_model import fit_engine
 
 from conftest import CONFIGS, rlinf
 

@@ -119,7 +119,7 @@ def work_split(
 
     def seconds(name: str, chunk: list[int]) -> float:
         if partial and profile.stages[name].kind == "generate":
-            return profile.decode_step_s * sum(chunk) / profile.slots + profile.stages[name].seconds_per_call
+            return profile.full_occupancy_seconds(sum(chunk)) + profile.stages[name].seconds_per_call
         return profile.stage_seconds(name, chunk)
 
     names = names or list(profile.stages)

@@ -5,7 +5,7 @@ steps, each stage's measured seconds per item (its slowest rank's busy time over
 switch time, finish time and (an engine's) time to first output become a `PhaseProfile`;
 `cost_model.predict` compares collocated against a disaggregated split of the worker ranks in
 proportion to the stages' work (an engine that reports its steps is modelled instead:
-`cost_model.EngineModel`, its time on another share of the requests). If disaggregated wins,
+`engine_model.EngineModel`, its time on another share of the requests). If disaggregated wins,
 the coordinator re-partitions (ranks leave the components they no longer host, their state is
 torn down). The choice is logged and recorded with both predictions, and after the next step
 with the measured step time next to the predicted one. (Every pipeline, auto's too, bounds each
@@ -19,7 +19,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from rlinf_hpc.log import get_logger
-from rlinf_hpc.scheduler.cost_model import EngineModel, PhaseProfile, Prediction, fit_engine, predict
+from rlinf_hpc.scheduler.cost_model import PhaseProfile, Prediction, predict
+from rlinf_hpc.scheduler.engine_model import EngineModel, fit_engine
 
 if TYPE_CHECKING:
     from rlinf_hpc.scheduler.coordinator import Coordinator

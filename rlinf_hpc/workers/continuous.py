@@ -15,7 +15,7 @@ time from its first item to its first output (the cost model's latency of the st
 
 An engine that also reports its steps (``feed.progress(decode_steps, active, finished)`` after
 each of its iterations, ``feed.slots``, and ``feed.partial`` if it carries its tail over to its
-next step) lets ``auto`` model it (`cost_model.EngineModel`):
+next step) lets ``auto`` model it (`engine_model.EngineModel`):
 an engine's time is not proportional to its share of the requests (its longest response bounds
 it whatever the share), so one share's seconds per item mispredict another's.
 """

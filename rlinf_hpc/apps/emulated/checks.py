@@ -18,7 +18,7 @@ def validate(config: Any) -> None:
     emulation = config.emulation
     profile = get_profile(emulation.profile)
     samples = emulation.samples_per_step or profile.samples_per_step
-    per_sample = profile.decode_step_s * (profile.short[0] + profile.short[1]) / 2 / profile.slots
+    per_sample = profile.full_occupancy_seconds((profile.short[0] + profile.short[1]) / 2)
     if per_sample * emulation.time_scale < 1e-4:
         log.warning(
             "emulation.time_scale %g makes a response cost %.1f us of sleep: the runtime's own "

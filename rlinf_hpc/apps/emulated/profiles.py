@@ -34,7 +34,7 @@ import math
 import random
 from dataclasses import dataclass, field
 
-from rlinf_hpc.scheduler.cost_model import slot_ends
+from rlinf_hpc.scheduler.engine_model import slot_ends
 
 
 @dataclass(frozen=True)
@@ -98,6 +98,11 @@ class Profile:
         makespan = max(ends)
         total = self.decode_step_s * (self.alpha * makespan + (1 - self.alpha) * sum(lengths) / self.slots)
         return total, [total * end / makespan for end in ends]
+
+    def full_occupancy_seconds(self, tokens: float) -> float:
+        """Decode time of ``tokens`` on an engine whose every slot is busy (no long tail): the
+        generation work a step holds at full efficiency."""
+        return self.decode_step_s * tokens / self.slots
 
     def rollout_seconds(self, lengths: list[int]) -> float:
         return self.rollout_schedule(lengths)[0]

@@ -158,7 +158,7 @@ class EmulatedStage(Worker):
         self._tokens += tokens
         self._slept += seconds
         if self.cost.kind == "generate":  # at full occupancy the same tokens would take
-            self._useful += self.profile.decode_step_s * tokens / self.profile.slots
+            self._useful += self.profile.full_occupancy_seconds(tokens)
         else:
             self._useful += seconds
 
