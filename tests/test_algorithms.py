@@ -14,6 +14,7 @@ import torch
 from rlinf_hpc.algorithms import (
     LOSS_AGG_MODES,
     DataParallelScale,
+    RunningMeanStd,
     agg_loss,
     clipped_value_loss,
     entropy_from_logits,
@@ -195,3 +196,25 @@ def test_global_normalization_under_ddp_on_two_ranks() -> None:
     result = run_mpi_program(2, "algorithm_checks.py", timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "DP NORMALIZATION OK for token-mean" in result.stdout
+    assert "RUNNING STATISTICS OK" in result.stdout
+
+
+def test_running_statistics_merge_batches_exactly_and_clip() -> None:
+    generator = torch.Generator().manual_seed(0)
+    batches = [torch.randn(n, 3, generator=generator, dtype=D) * 5 + 2 for n in (1, 7, 100, 3)]
+    rms = RunningMeanStd(3)
+    for rows in batches:
+        rms.update(rows)
+    rms.update(torch.zeros(0, 3))  # an empty batch changes nothing
+    every = torch.cat(batches)
+    assert torch.allclose(rms.mean, every.mean(0)) and torch.allclose(rms.var, every.var(0, unbiased=False))
+    assert int(rms.count) == 111
+    normalized = rms.normalize(every.float(), clip=10.0)
+    assert normalized.dtype == torch.float32
+    assert torch.allclose(normalized.mean(0), torch.zeros(3), atol=1e-5)
+    assert torch.allclose(normalized.std(0, unbiased=False), torch.ones(3), atol=1e-4)
+    assert rms.normalize(torch.full((1, 3), 1e6), clip=5.0).tolist() == [[5.0, 5.0, 5.0]]
+    scale = RunningMeanStd(1)
+    scale.update(torch.tensor([2.0, -2.0]))  # mean 0, variance 4: rewards halved, clipped at 3
+    assert scale.scale(torch.tensor([1.0, 100.0]), clip=3.0).tolist() == pytest.approx([0.5, 3.0])
+    assert "mean" in rms.state_dict() and "count" in rms.state_dict()  # checkpointed, synced

@@ -132,13 +132,15 @@ TIMING = {"rollout_s", "env_wait_s", "env_step_s", "policy_busy_s", "policy_batc
 
 @pytest.mark.mpi
 def test_a_stopped_run_resumes_exactly_in_another_placement(tmp_path: Path) -> None:
-    """Asynchronous updates. An uninterrupted run with policy and actor time-sharing two ranks
-    (two policy ranks serving as the load balance has it), against a disaggregated run with one
-    policy rank that SIGUSR2 stops after iteration 2 of 5 and a rerun resumes (env states,
-    noise, actor, and the rollout collected but not yet trained on): the same numbers, since the
+    """Asynchronous updates, observation and reward normalization. An uninterrupted run with
+    policy and actor time-sharing two ranks (two policy ranks serving as the load balance has
+    it), against a disaggregated run with one policy rank that SIGUSR2 stops after iteration 2
+    of 5 and a rerun resumes (env states and discounted returns, noise, actor with its running
+    statistics, and the rollout collected but not yet trained on): the same numbers, since the
     env ranks draw the sampling noise and every request gets its own forward pass."""
     sets = ["env.envs_per_rank=4", "ppo.rollout_steps=32", "ppo.minibatches=2", "ppo.iterations=5",
-            "ppo.async_updates=true", "flow.runner=job_workers:EMBODIED_INTERRUPT"]  # fmt: skip
+            "ppo.async_updates=true", "flow.runner=job_workers:EMBODIED_INTERRUPT",
+            "ppo.normalize_observations=true", "ppo.normalize_rewards=true"]  # fmt: skip
     args = [f"--set={s}" for s in sets]
     shared = ["--set=placement.mode=hybrid", '--set=placement.groups=[["policy", "actor"]]',
               "--set=components.policy.num_ranks=2", "--set=job.num_ranks=5"]  # fmt: skip
@@ -159,4 +161,6 @@ def test_a_stopped_run_resumes_exactly_in_another_placement(tmp_path: Path) -> N
 
     records = learning(tmp_path / "whole")
     assert [r["staleness"] for r in records] == [0, 1, 1, 1, 1]  # the first rollout is fresh
+    scales = [r["reward_scale"] for r in records]  # CartPole: +1 a step, returns grow to ~1/(1-gamma)
+    assert scales[0] > 1 and len(set(scales)) == len(scales), scales
     assert learning(tmp_path / "cut") == records

@@ -4,7 +4,8 @@ One module per concept, each function short and documented with its formula (as 
 writes them), with veRL's semantics and names (``core_algos``): `advantages` (GRPO outcome
 advantage, GAE over tokens and over env transitions), `policy_loss` (PPO clip with clip-higher
 and dual clip), `value_loss` (clipped value loss, entropy), `kl` (k1/abs/k2/k3), `aggregation`
-(masked reductions, the four ``loss_agg_mode``\\ s, data-parallel normalization). Tensors are
+(masked reductions, the four ``loss_agg_mode``\\ s, data-parallel normalization), `normalization`
+(running mean and variance for observation and reward normalization). Tensors are
 ``[batch, response_length]`` with a 0/1 response mask.
 """
 
@@ -24,6 +25,7 @@ from rlinf_hpc.algorithms.aggregation import (
     pad_right,
 )
 from rlinf_hpc.algorithms.kl import KL_ESTIMATORS, kl_penalty
+from rlinf_hpc.algorithms.normalization import RunningMeanStd
 from rlinf_hpc.algorithms.policy_loss import PolicyLossMetrics, ppo_policy_loss
 from rlinf_hpc.algorithms.value_loss import clipped_value_loss, entropy_from_logits
 
@@ -32,6 +34,7 @@ __all__ = [
     "LOSS_AGG_MODES",
     "DataParallelScale",
     "PolicyLossMetrics",
+    "RunningMeanStd",
     "agg_loss",
     "clipped_value_loss",
     "entropy_from_logits",

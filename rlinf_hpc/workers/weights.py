@@ -1,5 +1,6 @@
-"""Weight sync between workers: the actor's parameters to rollout/inference ranks over the data
-plane, received in place into the destination's parameters (no allocation in steady state).
+"""Weight sync between workers: the actor's parameters (and persistent buffers) to
+rollout/inference ranks over the data plane, received in place into the destination's
+parameters (no allocation in steady state).
 
 The copies spread over a binomial tree: the actor sends to ceil(log2(N + 1)) destinations, each
 of which passes what it received on to the part of the tree below it, so a sync to N ranks
@@ -27,8 +28,13 @@ _ROUTE = "weights-route"
 
 
 def parameters_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Name -> parameter data (tied weights once)."""
-    return {name: p.data for name, p in model.named_parameters()}
+    """Name -> parameter data (tied weights once), then the persistent buffers (running
+    statistics such as an observation normalizer's: part of what the model computes; the
+    non-persistent ones, such as rotary tables, every rank builds itself)."""
+    state = model.state_dict(keep_vars=True)  # persistent buffers only, no copies
+    params = {name: p.data for name, p in model.named_parameters()}
+    buffers = {name: b.data for name, b in model.named_buffers() if name in state}
+    return params | buffers
 
 
 def send_weights(plane: DataPlane, model: torch.nn.Module, targets: list[tuple[int, Any]]) -> int:

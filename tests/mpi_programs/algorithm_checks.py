@@ -1,7 +1,8 @@
 """Data-parallel loss normalization under real DDP (gloo): two ranks holding unequal shares of
 a batch get, after DDP's gradient average, the gradient of the whole batch on one rank — for
-every loss_agg_mode — while a plain per-rank mean does not (tests/test_algorithms.py runs this
-under mpiexec -n 2)."""
+every loss_agg_mode — while a plain per-rank mean does not; and running observation
+statistics merged over the two ranks equal those of the whole batch on one (tests/test_algorithms.py
+runs this under mpiexec -n 2)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import sys
 
 import torch
 
-from rlinf_hpc.algorithms import LOSS_AGG_MODES, DataParallelScale, agg_loss, pad_right
+from rlinf_hpc.algorithms import LOSS_AGG_MODES, DataParallelScale, RunningMeanStd, agg_loss, pad_right
 from rlinf_hpc.comm import create_group_comm
 from rlinf_hpc.comm.mpi import world
 from rlinf_hpc.engines.distributed import init_group_process_group, release_process_group, wrap_data_parallel
@@ -52,10 +53,29 @@ def main() -> int:
                 assert close, f"{mode}: DDP gradient with the global normalization differs from one rank's"
             else:
                 assert not close, f"{mode}: a per-rank mean matched the global one (the check is blind)"
+    check_running_statistics(rank)
     release_process_group()
     comm.Barrier()
     if rank == 0:
         print(f"DP NORMALIZATION OK for {', '.join(LOSS_AGG_MODES)} on {size} ranks", flush=True)
+        print("RUNNING STATISTICS OK", flush=True)
+
+
+def check_running_statistics(rank: int) -> None:
+    """Two updates of unequal shares on each rank: every rank ends with the statistics of all
+    rows; without the reduction a rank has only its own."""
+    generator = torch.Generator().manual_seed(2)
+    batches = [torch.randn(n, 3, generator=generator) * 4 + 1 for n in (5, 11, 8, 2)]
+    shares = [batches[0], batches[2]] if rank == 0 else [batches[1], batches[3]]
+    merged, alone, whole = RunningMeanStd(3), RunningMeanStd(3), RunningMeanStd(3)
+    for rows in shares:
+        merged.update(rows)
+        alone.update(rows, reduce=False)
+    whole.update(torch.cat(batches[:2]), reduce=False)
+    whole.update(torch.cat(batches[2:]), reduce=False)
+    assert torch.allclose(merged.mean, whole.mean) and torch.allclose(merged.var, whole.var), "not merged"
+    assert int(merged.count) == 26 and int(alone.count) == 13
+    assert not torch.allclose(alone.mean, whole.mean), "one rank's rows matched all (the check is blind)"
     return 0
 
 

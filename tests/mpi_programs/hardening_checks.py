@@ -251,12 +251,25 @@ def check_integrity_mode_names_sender(size: int) -> None:
                 raise AssertionError(f"a corrupted message ({tag}) was accepted")
 
 
+class _Normalized(torch.nn.Sequential):
+    """Two layers, a persistent float64 buffer (running statistics: synced) and a
+    non-persistent one (a table every rank builds itself: not synced)."""
+
+    def __init__(self) -> None:
+        super().__init__(torch.nn.Linear(256, 256), torch.nn.Linear(256, 8))
+        self.register_buffer("stats", torch.zeros(256, dtype=torch.float64))
+        self.register_buffer("table", torch.zeros(4), persistent=False)
+
+
 def check_weight_sync_is_a_tree(plane: DataPlane, size: int) -> None:
     """The actor (rank 0) sends ceil(log2(N + 1)) copies, not N; every target ends with its
-    weights exactly, in place (allocating and in-place receivers mixed)."""
+    weights and persistent buffers exactly, in place (allocating and in-place receivers mixed),
+    and its non-persistent buffers untouched."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 8))
-    nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    model = _Normalized()
+    model.stats.normal_()
+    model.table.fill_(7.0)
+    nbytes = sum(t.numel() * t.element_size() for t in [*model.parameters(), model.stats])
     targets = [(rank, ("weights", rank)) for rank in range(1, size)]
     if plane.rank == 0:
         before = plane.stats["bytes_sent"]
@@ -265,15 +278,18 @@ def check_weight_sync_is_a_tree(plane: DataPlane, size: int) -> None:
         sent = plane.stats["bytes_sent"] - before
         assert copies * nbytes <= sent < (copies + 1) * nbytes, (sent, copies, nbytes)
         return
-    mine = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 8))
+    mine = _Normalized()
     if plane.rank % 2:
         receive_weights(plane, mine, 0, ("weights", plane.rank))
     else:
         mine.load_state_dict(take_weights(plane, 0, ("weights", plane.rank)), strict=False)
     torch.manual_seed(0)
-    reference = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 8))
+    reference = _Normalized()
+    reference.stats.normal_()
     for got, want in zip(mine.parameters(), reference.parameters(), strict=True):
         assert torch.equal(got, want), "weights differ after sync"
+    assert torch.equal(mine.stats, reference.stats), "a persistent buffer was not synced"
+    assert torch.equal(mine.table, torch.zeros(4)), "a non-persistent buffer was overwritten"
 
 
 def main() -> int:

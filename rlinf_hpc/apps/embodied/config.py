@@ -66,6 +66,22 @@ class PPOConfig(Section):
     entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus weight.")
     max_grad_norm: float = Field(0.5, gt=0, description="Gradient norm clip.")
     normalize_advantages: bool = Field(True, description="Whiten advantages in each minibatch.")
+    normalize_observations: bool = Field(
+        False,
+        description="Standardize observations by their running mean and variance, clipped to "
+        "+-obs_clip, before the policy and value networks (the statistics are the model's: the "
+        "actor updates them after each update, the policy ranks get them with the weights). "
+        "What PPO baselines do for MuJoCo tasks; classic control learns without it.",
+    )
+    obs_clip: float = Field(10.0, gt=0, description="Clip of normalized observations.")
+    normalize_rewards: bool = Field(
+        False,
+        description="Divide rewards by the running standard deviation of the discounted return "
+        "(each simulator's, tracked on its env rank), clipped to +-reward_clip, for GAE and the "
+        "value targets; reported returns stay the environment's. What PPO baselines do for "
+        "MuJoCo tasks.",
+    )
+    reward_clip: float = Field(10.0, gt=0, description="Clip of scaled rewards.")
     async_updates: bool = Field(
         False,
         description="Collect rollout k+1 with the weights rollout k was collected with while the "

@@ -8,6 +8,10 @@ Sampling takes its randomness from the caller (``noise``: uniforms for a categor
 normals for a Gaussian): the env rank that asks draws it from its own seeded generator, so an
 action does not depend on which policy rank served the request — runs are reproducible and
 resume exactly under any load balance.
+
+With ``obs_clip`` set, observations are standardized by running statistics (`RunningMeanStd`
+buffers, updated by the actor after each update and sent to the policy ranks with the weights)
+and clipped to ``[-obs_clip, obs_clip]`` before both networks.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import math
 import torch
 from torch import nn
 
+from rlinf_hpc.algorithms import RunningMeanStd
 from rlinf_hpc.apps.embodied.envs import Spec
 
 
@@ -35,23 +40,32 @@ def _init(layer: nn.Linear, gain: float) -> nn.Linear:
 
 
 class ActorCritic(nn.Module):
-    """``policy(obs) -> logits or mean``, ``value(obs) -> [n]``."""
+    """``policy(obs) -> logits or mean``, ``value(obs) -> [n]``; ``obs_clip``: normalize
+    observations (see the module docstring)."""
 
-    def __init__(self, spec: Spec, hidden: list[int]) -> None:
+    def __init__(self, spec: Spec, hidden: list[int], obs_clip: float | None = None) -> None:
         super().__init__()
         self.discrete = spec.discrete
+        self.obs_clip = obs_clip
+        self.obs_rms = RunningMeanStd(spec.obs_dim) if obs_clip is not None else None
         sizes = [spec.obs_dim, *hidden]
         self.actor = _mlp(sizes, spec.action_dim, 0.01)
         self.critic = _mlp(sizes, 1, 1.0)
         if not spec.discrete:
             self.log_std = nn.Parameter(torch.zeros(spec.action_dim))
 
+    def inputs(self, obs: torch.Tensor) -> torch.Tensor:
+        """What the networks see of raw observations (standardized and clipped, if normalized)."""
+        if self.obs_rms is None or self.obs_clip is None:
+            return obs
+        return self.obs_rms.normalize(obs, self.obs_clip)
+
     def value(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.critic(obs).squeeze(-1)
+        return self.critic(self.inputs(obs)).squeeze(-1)
 
     def log_prob_entropy(self, obs: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probability of ``actions`` and the distribution's entropy, per row."""
-        out = self.actor(obs)
+        out = self.actor(self.inputs(obs))
         if self.discrete:
             logp = torch.log_softmax(out, dim=-1)
             chosen = logp.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
@@ -72,7 +86,7 @@ class ActorCritic(nn.Module):
 
         One forward pass: a Gaussian action's standardized offset *is* the noise, so its
         log-prob comes from the noise (it equals `log_prob_entropy`'s to rounding, ~1e-7)."""
-        out = self.actor(obs)
+        out = self.actor(self.inputs(obs))
         if self.discrete:
             probs = torch.softmax(out, dim=-1)
             if greedy:

@@ -18,7 +18,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlinf_hpc.algorithms import clipped_value_loss, gae_transitions, masked_whiten, ppo_policy_loss
+from rlinf_hpc.algorithms import (
+    RunningMeanStd,
+    clipped_value_loss,
+    gae_transitions,
+    masked_whiten,
+    ppo_policy_loss,
+)
 from rlinf_hpc.apps.embodied.envs import GymBatch, check_env_id
 from rlinf_hpc.apps.embodied.model import ActorCritic
 from rlinf_hpc.channel import EndOfStream
@@ -31,6 +37,8 @@ from rlinf_hpc.workers.weights import receive_weights, send_weights
 CHANNEL = "observations"
 WEIGHTS_TAG = "embodied-weights"
 DONE_TAG = "rollout-done"
+#: What an env rank sends its actor rank per rollout: ``[steps, simulators, ...]`` arrays.
+TRAJECTORY = ("obs", "next_obs", "actions", "logp", "rewards", "discounted", "terminated", "truncated")
 
 
 def _actions_tag(slot: int) -> tuple[str, int]:
@@ -61,6 +69,9 @@ class EnvWorker(Worker):
         ]
         self.spec = self.groups[0].spec
         self.obs = [g.reset() for g in self.groups]
+        #: Each simulator's discounted return so far (``ppo.gamma``), sent with the rewards: the
+        #: actor scales rewards by its running deviation (``ppo.normalize_rewards``).
+        self.discounted = [np.zeros(len(o), dtype=np.float64) for o in self.obs]
         self.noise = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, self.group_rank, 1])))
         self.high = np.asarray(self.spec.high, dtype=np.float32) if not self.spec.discrete else None
         self.low = np.asarray(self.spec.low, dtype=np.float32) if not self.spec.discrete else None
@@ -90,8 +101,18 @@ class EnvWorker(Worker):
         n = len(self.obs[0])
         record = {
             key: [[] for _ in range(self.stages)]
-            for key in ("obs", "next_obs", "actions", "logp", "rewards", "terminated", "truncated")
+            for key in (
+                "obs",
+                "next_obs",
+                "actions",
+                "logp",
+                "rewards",
+                "discounted",
+                "terminated",
+                "truncated",
+            )
         }
+        gamma = self.config.ppo.gamma
         versions: set[int] = set()
         returns: list[float] = []
         lengths: list[int] = []
@@ -108,12 +129,14 @@ class EnvWorker(Worker):
                     actions = np.clip(actions, self.low, self.high)
                 result = self.groups[slot].step(actions)
                 step_s += time.monotonic() - stepping
+                discounted = self.discounted[slot] * gamma + result.reward
                 for key, value in (
                     ("obs", self.obs[slot]), ("next_obs", result.final_obs), ("actions", reply["actions"]),
-                    ("logp", reply["logp"]), ("rewards", result.reward), ("terminated", result.terminated),
-                    ("truncated", result.truncated),
+                    ("logp", reply["logp"]), ("rewards", result.reward), ("discounted", discounted),
+                    ("terminated", result.terminated), ("truncated", result.truncated),
                 ):  # fmt: skip
                     record[key][slot].append(value)
+                self.discounted[slot] = np.where(result.terminated | result.truncated, 0.0, discounted)
                 versions.add(int(reply["version"]))
                 returns += result.episode_returns
                 lengths += result.episode_lengths
@@ -162,6 +185,7 @@ class EnvWorker(Worker):
         return {
             "groups": [g.get_state() for g in self.groups],
             "obs": [o.copy() for o in self.obs],
+            "discounted": [d.copy() for d in self.discounted],
             "noise": self.noise.bit_generator.state,
             "last": None if self._last is None else list(self._last),
         }
@@ -170,6 +194,8 @@ class EnvWorker(Worker):
         for group, saved in zip(self.groups, state["groups"], strict=True):
             group.set_state(saved)
         self.obs = [np.asarray(o, dtype=np.float32) for o in state["obs"]]
+        if "discounted" in state:  # not in checkpoints written before reward normalization
+            self.discounted = [np.asarray(d, dtype=np.float64).copy() for d in state["discounted"]]
         self.noise.bit_generator.state = state["noise"]
         last = state.get("last")
         self._last = None if last is None else (int(last[0]), dict(last[1]))
@@ -182,7 +208,8 @@ class EnvWorker(Worker):
 def _build_model(config: Any) -> ActorCritic:
     spec = check_env_id(config.env.id, config.env.options)
     torch.manual_seed(config.job.seed)  # every policy and actor rank starts from the same weights
-    return ActorCritic(spec, list(config.ppo.hidden_sizes))
+    ppo = config.ppo
+    return ActorCritic(spec, list(ppo.hidden_sizes), ppo.obs_clip if ppo.normalize_observations else None)
 
 
 class PolicyWorker(Worker):
@@ -255,6 +282,9 @@ class ActorWorker(Worker):
             self.model, self.device, ppo.lr, clip_norm=ppo.max_grad_norm, weight_decay=0.0, eps=1e-5
         )
         self.version = 0  # updates applied
+        #: The discounted returns' running deviation (``ppo.normalize_rewards``); the same on
+        #: every actor rank (each update merges all ranks' batches).
+        self.reward_rms = RunningMeanStd(1)
 
     def push_weights(self, targets: list[int]) -> dict[str, float]:
         started = time.monotonic()
@@ -268,7 +298,16 @@ class ActorWorker(Worker):
         self.behaviour = min(int(p["version"]) for p in parts)
         return {
             key: torch.as_tensor(np.concatenate([p[key] for p in parts], axis=1))
-            for key in ("obs", "next_obs", "actions", "logp", "rewards", "terminated", "truncated")
+            for key in (
+                "obs",
+                "next_obs",
+                "actions",
+                "logp",
+                "rewards",
+                "discounted",
+                "terminated",
+                "truncated",
+            )
         }
 
     def train(self, iteration: int, lr: float) -> dict[str, Any]:
@@ -284,13 +323,16 @@ class ActorWorker(Worker):
                 f"(ppo.max_staleness = {ppo.max_staleness})"
             )
         steps, n = data["rewards"].shape
+        rewards = data["rewards"].float()
+        if ppo.normalize_rewards:  # the statistics include this rollout, as the wrappers' do
+            self.reward_rms.update(data["discounted"].flatten(), reduce=self.distributed)
+            rewards = self.reward_rms.scale(rewards, ppo.reward_clip)
         with torch.no_grad():
             values = self.model.value(data["obs"].flatten(0, 1)).view(steps, n)
             next_values = self.model.value(data["next_obs"].flatten(0, 1)).view(steps, n)
         advantages, returns = gae_transitions(
-            data["rewards"].float(), values, next_values, data["terminated"], data["truncated"],
-            ppo.gamma, ppo.lam,
-        )  # fmt: skip
+            rewards, values, next_values, data["terminated"], data["truncated"], ppo.gamma, ppo.lam
+        )
         flat = {
             "obs": data["obs"].flatten(0, 1),
             "actions": data["actions"].flatten(0, 1),
@@ -316,6 +358,8 @@ class ActorWorker(Worker):
                 for key, value in metrics.items():
                     sums[key] = sums.get(key, 0.0) + value
                 updates += 1
+        if self.model.obs_rms is not None:  # after the update: it trained on the behaviour's figures
+            self.model.obs_rms.update(data["obs"].flatten(0, 1), reduce=self.distributed)
         self.version += 1
         out = {key: value / updates for key, value in sums.items()}
         out |= {
@@ -326,6 +370,8 @@ class ActorWorker(Worker):
             "train_s": time.monotonic() - received,
             "version": self.version,
         }
+        if ppo.normalize_rewards:  # what a reward is divided by (before the clip)
+            out["reward_scale"] = float(torch.sqrt(self.reward_rms.var + self.reward_rms.epsilon))
         return out
 
     def _update(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -363,9 +409,12 @@ class ActorWorker(Worker):
             "model": self.model.state_dict(),
             "optimizer": self.trainer.optimizer_state_dict(),
             "version": self.version,
+            "reward_rms": self.reward_rms.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
+        if "reward_rms" in state:  # not in checkpoints written before reward normalization
+            self.reward_rms.load_state_dict(state["reward_rms"])
         self.trainer.load_optimizer_state_dict(state["optimizer"])
         self.version = int(state["version"])
