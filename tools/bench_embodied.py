@@ -65,18 +65,21 @@ def rollout_rate(job: dict) -> float:
     return per_rollout * len(rest) / sum(r["rollout_s"] for r in rest)
 
 
-def vector_env_rate(env_id: str, instances: int, steps: int, hidden: list[int]) -> float:
-    """Env steps/s of one process: SyncVectorEnv + the same MLP policy, one thread."""
+def vector_env_rate(config: Path, env_id: str, instances: int, steps: int) -> float:
+    """Env steps/s of one process: SyncVectorEnv + the same policy as the job's (its MLP and,
+    if the config normalizes observations, the normalization), one thread."""
     import gymnasium as gym
     import numpy as np
     import torch
 
     from rlinf_hpc.apps.embodied.envs import check_env_id
     from rlinf_hpc.apps.embodied.model import ActorCritic
+    from rlinf_hpc.config.loader import load_config
 
     torch.set_num_threads(1)
+    ppo = load_config(config, [f"env.id={env_id}"]).ppo
     spec = check_env_id(env_id)
-    model = ActorCritic(spec, hidden)
+    model = ActorCritic(spec, list(ppo.hidden_sizes), ppo.obs_clip if ppo.normalize_observations else None)
     envs = gym.make_vec(env_id, num_envs=instances, vectorization_mode="sync")
     obs, _ = envs.reset(seed=0)
     rng = np.random.default_rng(0)
@@ -134,7 +137,7 @@ def main() -> int:
             root / "async",
             [*base, "env.pipeline_stages=2", "ppo.async_updates=true"],
         )
-    vector = vector_env_rate(args.env, 2 * args.envs_per_rank, args.rollout_steps * 2, [64, 64])
+    vector = vector_env_rate(config, args.env, 2 * args.envs_per_rank, args.rollout_steps * 2)
     split = rollout_rate(pipelined)
     sync_update = pipelined["summary"]["mean_iteration_s"]
     async_update = asynchronous["summary"]["mean_iteration_s"]
