@@ -13,6 +13,7 @@ from rlinf_hpc.apps.embodied.envs import GymBatch, Spec, check_env_id
 from rlinf_hpc.apps.embodied.model import ActorCritic
 from rlinf_hpc.config import load_config
 from rlinf_hpc.errors import UserError
+from rlinf_hpc.runtime.checkpoint.store import config_differences
 
 from conftest import CONFIGS, rlinf
 
@@ -91,6 +92,22 @@ def test_config_mistakes_name_the_keys(tmp_path: Path) -> None:
         load_config(CARTPOLE, ["env.pipeline_stages=3"])
     with pytest.raises(UserError, match="unknown key `ppo.epoch`.*Did you mean `epochs`"):
         load_config(CARTPOLE, ["ppo.epoch=3"])
+
+
+def test_observation_normalization_is_in_the_model_and_fixed_for_a_resume() -> None:
+    spec = check_env_id("CartPole-v1")
+    model = ActorCritic(spec, [8], obs_clip=5.0)
+    obs = torch.tensor([[1.0, 2.0, 3.0, 4.0], [3.0, 2.0, 1.0, 0.0]])
+    before = model.value(obs)
+    model.obs_rms.update(obs)  # the networks now see standardized inputs
+    assert torch.allclose(model.inputs(obs)[:, 0], torch.tensor([-1.0, 1.0]), atol=1e-4)
+    assert not torch.allclose(model.value(obs), before)
+    assert {"obs_rms.mean", "obs_rms.var", "obs_rms.count"} <= set(model.state_dict())
+    saved = load_config(CARTPOLE).model_dump(mode="json")
+    on = load_config(CARTPOLE, ["ppo.normalize_observations=true", "ppo.normalize_rewards=true"])
+    changed, fixed = config_differences(saved, on.model_dump(mode="json"))
+    assert fixed == ["ppo.normalize_observations"]  # the model's state would not fit
+    assert "ppo.normalize_rewards" in changed  # resumable with --force-resume
 
 
 def _summary(run_dir: Path) -> dict:

@@ -11,6 +11,13 @@ APP = App(
     validate="rlinf_hpc.apps.embodied.checks:validate",
     sections={"env": EnvConfig, "ppo": PPOConfig},
     resumable_keys=("ppo.iterations",),
-    fixed_keys=("env.id", "env.envs_per_rank", "env.pipeline_stages", "ppo.hidden_sizes"),
+    # the model's state holds the observation statistics only when normalize_observations is on
+    fixed_keys=(
+        "env.id",
+        "env.envs_per_rank",
+        "env.pipeline_stages",
+        "ppo.hidden_sizes",
+        "ppo.normalize_observations",
+    ),
     description="CPU simulators, the policy elsewhere, PPO with asynchronous parameter updates",
 )
