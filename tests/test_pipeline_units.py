@@ -37,13 +37,14 @@ def test_streams_are_bounded_only_between_ranks_that_run_at_the_same_time() -> N
     assert hybrid["s1"]["capacity"] == 7 and hybrid["s2"]["capacity"] == UNBOUNDED
 
 
-def test_an_engines_input_is_balanced_by_queue() -> None:
-    """A continuous stage takes what it has room for, so no per-item rate describes it."""
+def test_an_engines_input_is_split_evenly() -> None:
+    """A continuous stage's step is set by the requests it gets (all known when the step
+    starts): an even split by count; no per-item rate describes an engine."""
     pipe = _pipeline({"a": [1], "b": [2]})
     pipe.stages.clear()
     pipe.stage("a", "generate", continuous=True).stage("b", "learn")
     specs = pipe._stream_specs(["s0", "s1"])
-    assert [s["policy"] for s in specs.values()] == ["shortest_queue", "performance_aware"]
+    assert [s["policy"] for s in specs.values()] == ["round_robin", "performance_aware"]
 
 
 def test_stage_names_must_be_components_once() -> None:
