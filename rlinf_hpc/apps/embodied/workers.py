@@ -99,19 +99,7 @@ class EnvWorker(Worker):
             self._sent.wait()  # the previous rollout reached its actor rank
             self._sent = None
         n = len(self.obs[0])
-        record = {
-            key: [[] for _ in range(self.stages)]
-            for key in (
-                "obs",
-                "next_obs",
-                "actions",
-                "logp",
-                "rewards",
-                "discounted",
-                "terminated",
-                "truncated",
-            )
-        }
+        record = {key: [[] for _ in range(self.stages)] for key in TRAJECTORY}
         gamma = self.config.ppo.gamma
         versions: set[int] = set()
         returns: list[float] = []
@@ -296,19 +284,7 @@ class ActorWorker(Worker):
         mine = [rank for index, rank in enumerate(envs) if index % self.group_size == self.group_rank]
         parts = [self.comm.recv(rank, _rollout_tag(iteration)) for rank in mine]
         self.behaviour = min(int(p["version"]) for p in parts)
-        return {
-            key: torch.as_tensor(np.concatenate([p[key] for p in parts], axis=1))
-            for key in (
-                "obs",
-                "next_obs",
-                "actions",
-                "logp",
-                "rewards",
-                "discounted",
-                "terminated",
-                "truncated",
-            )
-        }
+        return {key: torch.as_tensor(np.concatenate([p[key] for p in parts], axis=1)) for key in TRAJECTORY}
 
     def train(self, iteration: int, lr: float) -> dict[str, Any]:
         """One PPO update on rollout ``iteration``."""
