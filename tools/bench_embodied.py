@@ -73,13 +73,12 @@ def vector_env_rate(config: Path, env_id: str, instances: int, steps: int) -> fl
     import torch
 
     from rlinf_hpc.apps.embodied.envs import check_env_id
-    from rlinf_hpc.apps.embodied.model import ActorCritic
+    from rlinf_hpc.apps.embodied.model import build_model
     from rlinf_hpc.config.loader import load_config
 
     torch.set_num_threads(1)
-    ppo = load_config(config, [f"env.id={env_id}"]).ppo
     spec = check_env_id(env_id)
-    model = ActorCritic(spec, list(ppo.hidden_sizes), ppo.obs_clip if ppo.normalize_observations else None)
+    model = build_model(load_config(config, [f"env.id={env_id}"]))
     envs = gym.make_vec(env_id, num_envs=instances, vectorization_mode="sync")
     obs, _ = envs.reset(seed=0)
     rng = np.random.default_rng(0)

@@ -59,11 +59,14 @@ class RunningMeanStd(nn.Module):
         self.mean.add_(delta * count / merged)
         self.count.fill_(float(merged))
 
+    def std(self) -> torch.Tensor:
+        """``sqrt(var + eps)``: what `normalize` and `scale` divide by (float64)."""
+        return torch.sqrt(self.var + self.epsilon)
+
     def normalize(self, x: torch.Tensor, clip: float) -> torch.Tensor:
         """``(x - mean) / sqrt(var + eps)`` clipped to ``[-clip, clip]``, in ``x``'s dtype."""
-        scaled = (x - self.mean.to(x.dtype)) / torch.sqrt(self.var + self.epsilon).to(x.dtype)
-        return scaled.clamp(-clip, clip)
+        return ((x - self.mean.to(x.dtype)) / self.std().to(x.dtype)).clamp(-clip, clip)
 
     def scale(self, x: torch.Tensor, clip: float) -> torch.Tensor:
         """``x / sqrt(var + eps)`` clipped (reward scaling: the mean is not subtracted)."""
-        return (x / torch.sqrt(self.var + self.epsilon).to(x.dtype)).clamp(-clip, clip)
+        return (x / self.std().to(x.dtype)).clamp(-clip, clip)

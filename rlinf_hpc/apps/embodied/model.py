@@ -17,12 +17,13 @@ and clipped to ``[-obs_clip, obs_clip]`` before both networks.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import nn
 
 from rlinf_hpc.algorithms import RunningMeanStd
-from rlinf_hpc.apps.embodied.envs import Spec
+from rlinf_hpc.apps.embodied.envs import Spec, check_env_id
 
 
 def _mlp(sizes: list[int], out: int, out_gain: float) -> nn.Sequential:
@@ -46,7 +47,7 @@ class ActorCritic(nn.Module):
     def __init__(self, spec: Spec, hidden: list[int], obs_clip: float | None = None) -> None:
         super().__init__()
         self.discrete = spec.discrete
-        self.obs_clip = obs_clip
+        self.obs_clip = obs_clip or 0.0  # used only with obs_rms
         self.obs_rms = RunningMeanStd(spec.obs_dim) if obs_clip is not None else None
         sizes = [spec.obs_dim, *hidden]
         self.actor = _mlp(sizes, spec.action_dim, 0.01)
@@ -56,7 +57,7 @@ class ActorCritic(nn.Module):
 
     def inputs(self, obs: torch.Tensor) -> torch.Tensor:
         """What the networks see of raw observations (standardized and clipped, if normalized)."""
-        if self.obs_rms is None or self.obs_clip is None:
+        if self.obs_rms is None:
             return obs
         return self.obs_rms.normalize(obs, self.obs_clip)
 
@@ -102,3 +103,12 @@ class ActorCritic(nn.Module):
         actions = out + self.log_std.exp() * noise
         logp = (-0.5 * noise**2 - self.log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
         return actions, logp
+
+
+def build_model(config: Any) -> ActorCritic:
+    """The job's policy as its config says (env spec, hidden sizes, observation normalization),
+    from the job seed's initial weights: every policy and actor rank starts from the same ones."""
+    spec = check_env_id(config.env.id, config.env.options)
+    torch.manual_seed(config.job.seed)
+    ppo = config.ppo
+    return ActorCritic(spec, list(ppo.hidden_sizes), ppo.obs_clip if ppo.normalize_observations else None)

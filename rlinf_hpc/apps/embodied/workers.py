@@ -25,8 +25,8 @@ from rlinf_hpc.algorithms import (
     masked_whiten,
     ppo_policy_loss,
 )
-from rlinf_hpc.apps.embodied.envs import GymBatch, check_env_id
-from rlinf_hpc.apps.embodied.model import ActorCritic
+from rlinf_hpc.apps.embodied.envs import GymBatch
+from rlinf_hpc.apps.embodied.model import build_model
 from rlinf_hpc.channel import EndOfStream
 from rlinf_hpc.engines.distributed import broadcast_parameters, init_group_process_group
 from rlinf_hpc.engines.training import Trainer
@@ -193,20 +193,13 @@ class EnvWorker(Worker):
             group.close()
 
 
-def _build_model(config: Any) -> ActorCritic:
-    spec = check_env_id(config.env.id, config.env.options)
-    torch.manual_seed(config.job.seed)  # every policy and actor rank starts from the same weights
-    ppo = config.ppo
-    return ActorCritic(spec, list(ppo.hidden_sizes), ppo.obs_clip if ppo.normalize_observations else None)
-
-
 class PolicyWorker(Worker):
     """Answers the env ranks' requests for actions with the weights it was last sent."""
 
     def setup(self, threads: int = 1) -> None:
         torch.set_num_threads(threads)
         self.config = self.job_config
-        self.model = _build_model(self.config).eval()
+        self.model = build_model(self.config).eval()
         self.version = 0
 
     def pull_weights(self, source: int, version: int) -> int:
@@ -262,7 +255,7 @@ class ActorWorker(Worker):
     def setup(self, threads: int = 1) -> None:
         torch.set_num_threads(threads)
         self.config = self.job_config
-        self.model = _build_model(self.config)
+        self.model = build_model(self.config)
         self.distributed = init_group_process_group(self.group, self.device)
         broadcast_parameters(self.model)
         ppo = self.config.ppo
@@ -347,7 +340,7 @@ class ActorWorker(Worker):
             "version": self.version,
         }
         if ppo.normalize_rewards:  # what a reward is divided by (before the clip)
-            out["reward_scale"] = float(torch.sqrt(self.reward_rms.var + self.reward_rms.epsilon))
+            out["reward_scale"] = float(self.reward_rms.std())
         return out
 
     def _update(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
