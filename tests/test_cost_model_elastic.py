@@ -91,6 +91,47 @@ def test_a_rank_whose_engine_ends_early_feeds_the_stages_after_its_group() -> No
     assert placement_time([rollout, reward, inference, actor], 32, 1, three) == pytest.approx(expected)
 
 
+def test_a_trainer_after_a_shared_engine_group_gets_its_input_as_the_engines_end() -> None:
+    """Hybrid again, with a trainer short next to the engines' spread: the group hands on a
+    rank's responses only when that rank's engine ends, so the trainer cannot run at its own
+    pace from the first end on — after the last engine's end it still has that engine's
+    share to do (hybrid at 32 emulated ranks was under-predicted by 12% without this)."""
+    engine = EngineModel(step_s=0.01, seq_step_s=0.0, slots=1, lengths=(10, 100))
+    ends = engine.ends(4, engines=8)
+    assert list(ends) == sorted(ends) and len(ends) == 8
+    assert engine.spread(4, engines=8) == pytest.approx((ends[0], sum(ends) / 8, ends[-1]))
+    rollout = PhaseProfile("rollout", 0.07, latency_seconds=0.1, engine=engine)
+    inference = PhaseProfile("inference", 0.02)
+    actor = PhaseProfile("actor", 0.0625)  # 32 x 0.0625 / 2 = 1 s on ranks of its own
+    sets = [set(range(8)), set(range(8)), {8, 9}]
+    predicted = placement_time([rollout, inference, actor], 32, 1, sets)
+    # by the last end 1/8 of the input is still to come: 1/8 s of work after it at least
+    assert predicted >= ends[-1] + 0.02 + 1.0 / 8 - 1e-9
+    assert predicted > ends[0] + 0.02 + 1.0  # the old bound: at its pace from the first end
+    # what the i-th end brings: the work of the last 8 - i engines' responses after it
+    late = max(end - ends[0] - 1.0 * i / 8 for i, end in enumerate(ends))
+    assert predicted == pytest.approx(ends[0] + 0.02 + 1.0 + late)
+    # engines alike (no spread): nothing to wait for beyond the first output
+    alike = PhaseProfile("rollout", 0.07, latency_seconds=0.1, engine=EngineModel(0.01, 0.0, 1, (10,)))
+    assert placement_time([alike, inference, actor], 32, 1, sets) == pytest.approx(0.4 + 0.02 + 1.0)
+
+
+def test_each_stage_has_its_own_micro_batch() -> None:
+    """The elastic controller sizes each stage's micro-batches apart, and a fixed pipeline's
+    first stage may get smaller ones (equal counts per rank): a stage's latency is one of its
+    own micro-batches, not one of the mean size (the mean of 21-32 over-predicted a fixed
+    pipeline at 32 emulated ranks by 12%)."""
+    generate, train = PhaseProfile("generate", 0.1), PhaseProfile("train", 0.01)
+    sets = [{1}, {2}]
+    # generate: 16 micro-batches of 4 (0.4 s each) = 6.4 s, then train's last one of 16: 0.16 s
+    assert placement_time([generate, train], 64, [4, 16], sets) == pytest.approx(6.4 + 0.16)
+    assert placement_time([generate, train], 64, [10, 10], sets) == placement_time(
+        [generate, train], 64, 10, sets
+    )
+    with pytest.raises(ValueError, match="one micro-batch size >= 1 per stage"):
+        placement_time([generate, train], 64, [4], sets)
+
+
 def test_the_feed_before_the_first_stage_delays_the_whole_step() -> None:
     """A first stage that waits for full micro-batches waits for the coordinator's feed first
     (0.2-0.6 s at 32 emulated ranks with micro-batches of 32); every path through the step

@@ -71,17 +71,15 @@ def _engine_model(replies: list[dict[str, Any]]) -> EngineModel | None:
     return fitted.calibrated([r["busy_s"] for r in replies], [r["items"] for r in replies])
 
 
-def mean_micro_batch(pipeline: Pipeline, result: StepResult) -> int:
-    """The mean micro-batch of the step's micro-batched stages (continuous ones have none)."""
-    sizes = [
-        size
-        for stage, summary in zip(pipeline.stages, result.stages, strict=True)
-        if not stage.continuous
-        for size in summary["micro_batch_sizes"]
-    ]
-    if not sizes:
-        return pipeline.coordinator.config.pipeline.micro_batch
-    return max(1, round(sum(sizes) / len(sizes)))
+def stage_micro_batches(pipeline: Pipeline, result: StepResult) -> list[int]:
+    """Each stage's mean micro-batch in the step (a continuous stage, which has none, and a
+    stage that got nothing: the configured size)."""
+    configured = pipeline.coordinator.config.pipeline.micro_batch
+    sizes = []
+    for stage, summary in zip(pipeline.stages, result.stages, strict=True):
+        own = [] if stage.continuous else summary["micro_batch_sizes"]
+        sizes.append(max(1, round(sum(own) / len(own))) if own else configured)
+    return sizes
 
 
 class AutoPlacement:

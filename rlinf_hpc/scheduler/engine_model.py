@@ -68,7 +68,7 @@ class EngineModel:
     #: the next).
     stop_fraction: float = 0.0
     #: Per model (not copied by `dataclasses.replace`: a changed copy predicts anew).
-    _memo: dict[tuple[int, int], tuple[float, float, float]] = field(
+    _memo: dict[tuple[int, int], tuple[float, ...]] = field(
         default_factory=dict, init=False, compare=False, repr=False
     )
 
@@ -85,23 +85,32 @@ class EngineModel:
         >>> EngineModel(0.01, 0.001, 4, (100,)).spread(4, engines=3)  # alike: no spread
         (1.4, 1.4, 1.4)
         """
-        n = max(0, round(per_engine))
+        ends = self.ends(per_engine, engines)
+        mean = ends[0] if ends[0] == ends[-1] else sum(ends) / len(ends)
+        return (ends[0], mean, ends[-1])
+
+    def ends(self, per_engine: float, engines: int) -> tuple[float, ...]:
+        """Expected end of each of ``engines`` engines with ``per_engine`` requests each, in
+        order (the i-th earliest, averaged over draws of the lengths): when a rank shared with
+        a later stage has its own responses to hand on.
+
+        >>> EngineModel(0.01, 0.0, 1, (10, 100)).ends(2, engines=3)[0] < 2.0
+        True
+        """
+        n, count = max(0, round(per_engine)), max(1, engines)
         if n == 0 or not self.lengths:
-            return (0.0, 0.0, 0.0)
-        key = (n, max(1, engines))
+            return (0.0,) * count
+        key = (n, count)
         if key not in self._memo:
             if len(set(self.lengths)) == 1:  # nothing to draw: every engine alike
-                one = self._time([self.lengths[0]] * n)
-                self._memo[key] = (one, one, one)
+                self._memo[key] = (self._time([self.lengths[0]] * n),) * count
             else:
-                sums = [0.0, 0.0, 0.0]
+                sums = [0.0] * count
                 for draw in range(self.draws):
                     rng = random.Random(draw * 1_000_003 + n * 101 + engines)
-                    times = [self._time(rng.choices(self.lengths, k=n)) for _ in range(key[1])]
-                    for i, value in enumerate((min(times), sum(times) / len(times), max(times))):
-                        sums[i] += value
-                first, mean, last = (total / self.draws for total in sums)
-                self._memo[key] = (first, mean, last)
+                    times = sorted(self._time(rng.choices(self.lengths, k=n)) for _ in range(count))
+                    sums = [total + value for total, value in zip(sums, times, strict=True)]
+                self._memo[key] = tuple(total / self.draws for total in sums)
         return self._memo[key]
 
     def _time(self, lengths: list[int]) -> float:

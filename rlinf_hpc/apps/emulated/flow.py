@@ -8,14 +8,15 @@ step time): long-tail waiting, pipeline bubbles, switches and syncs all count as
 this scale), and after the first step the **cost model's prediction** of this placement's step
 time (`scheduler.cost_model.placement_time` from the previous step's measurements, the same
 profiles ``auto`` builds: per-item seconds of each stage's slowest rank, switches, finishes, an
-engine's time to first output, the mean micro-batch) next to the measured one. The response lengths are a
-function of (job seed, step), the same in every mode. With ``emulation.off_policy_steps = 1``
-the actor's stage is a pipeline of its own, fed step t's samples while the others produce step
-t+1's (as `apps.math.flow` does for GRPO). With ``emulation.partial_rollouts`` the rollout
-engines carry their last responses into the next step (`EmulatedStage.engine`); a step then
-trains on about as many samples as it generates, some of them begun the step before
-(``partial_carried``; ``policy_lag`` counts them); what the engines still hold after the last
-step is not trained (the job ends; this app saves no checkpoints).
+engine's time to first output, each stage's mean micro-batch) next to the measured one. The
+response lengths are a function of (job seed, step), the same in every mode. With
+``emulation.off_policy_steps = 1`` the actor's stage is a pipeline of its own, fed step t's
+samples while the others produce step t+1's (as `apps.math.flow` does for GRPO). With
+``emulation.partial_rollouts`` the rollout engines carry their last responses into the next
+step (`EmulatedStage.engine`); a step then trains on about as many samples as it generates,
+some of them begun the step before (``partial_carried``; ``policy_lag`` counts them); what the
+engines still hold after the last step is not trained (the job ends; this app saves no
+checkpoints).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from rlinf_hpc.log import get_logger
 from rlinf_hpc.runtime.console import print_table
 from rlinf_hpc.runtime.metrics import MetricsLog
 from rlinf_hpc.scheduler import Coordinator, Pipeline
-from rlinf_hpc.scheduler.autoplace import mean_micro_batch, profiles_from_step
+from rlinf_hpc.scheduler.autoplace import profiles_from_step, stage_micro_batches
 from rlinf_hpc.scheduler.cost_model import placement_time
 from rlinf_hpc.scheduler.off_policy import OneStepAhead
 
@@ -53,7 +54,7 @@ def predict(pipe: Pipeline, result: Any, num_items: int) -> float:
     """This placement's step time by the cost model, from what ``result``'s step measured."""
     ranks = [{r["rank"] for r in replies} for replies in result.per_rank]
     profiles = profiles_from_step(pipe, result)
-    return placement_time(profiles, num_items, mean_micro_batch(pipe, result), ranks)
+    return placement_time(profiles, num_items, stage_micro_batches(pipe, result), ranks)
 
 
 def emulated_rl_flow(coordinator: Coordinator) -> dict[str, Any]:
