@@ -77,8 +77,22 @@ def test_auto_profiles_are_per_rank_seconds_per_item() -> None:
             {"items": 30, "busy_s": 3.0, "switch_s": 0.4, "first_output_s": 0.5, "first_wait_s": 0.4},
         ],
         [
-            {"items": 20, "busy_s": 0.1, "finish_s": 0.1, "switch_s": 0.0, "first_wait_s": 1.0},
-            {"items": 20, "busy_s": 0.2, "finish_s": 0.3, "switch_s": 0.0, "first_wait_s": 1.0},
+            {
+                "items": 20,
+                "busy_s": 0.1,
+                "finish_s": 0.1,
+                "switch_s": 0.0,
+                "first_wait_s": 1.0,
+                "last_s": 0.05,
+            },
+            {
+                "items": 20,
+                "busy_s": 0.2,
+                "finish_s": 0.3,
+                "switch_s": 0.0,
+                "first_wait_s": 1.0,
+                "last_s": 0.08,
+            },
         ],
     ]
     result = StepResult(1, [], {}, 1.0, "auto", [], per_rank)
@@ -95,6 +109,8 @@ def test_auto_profiles_are_per_rank_seconds_per_item() -> None:
         0.0,
         pytest.approx(0.2),
     )
+    # a micro-batched stage's drain: its slowest rank's last micro-batch (an engine has none)
+    assert b.drain_seconds == pytest.approx(0.08) and a.drain_seconds == 0.0
 
 
 def test_host_memory_fraction_reads_meminfo(tmp_path) -> None:

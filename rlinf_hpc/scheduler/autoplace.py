@@ -33,7 +33,8 @@ def profiles_from_step(pipeline: Pipeline, result: StepResult) -> list[PhaseProf
     """One profile per stage from what its ranks measured in ``result``. Seconds per item are
     the slowest rank's busy time over an even share (the stage is done when its last rank is:
     uneven shares and uneven speeds both count); the finish (an optimizer step) and, for a
-    continuous stage, the time to its first output are the ranks' means. The first stage's
+    continuous stage, the time to its first output are the ranks' means; a micro-batched stage's
+    drain is its slowest rank's last micro-batch. The first stage's
     ranks start when the coordinator's feed gives them their first micro-batch: the earliest of
     them is the step's start (``start_seconds``), and each rank's later start counts in its time
     (the stage is done when its last rank is)."""
@@ -51,9 +52,9 @@ def profiles_from_step(pipeline: Pipeline, result: StepResult) -> list[PhaseProf
         latency = sum(firsts) / len(firsts) if stage.continuous and firsts else None
         per_item = slowest * len(replies) / max(1, items)
         engine = _engine_model(replies) if stage.continuous else None
-        profiles.append(
-            PhaseProfile(stage.component, per_item, 0.0, switch, finish, latency, engine, start_seconds=start)
-        )
+        drain = 0.0 if stage.continuous else max(r.get("last_s", 0.0) for r in replies)
+        profile = PhaseProfile(stage.component, per_item, 0.0, switch, finish, latency, engine, start)
+        profiles.append(replace(profile, drain_seconds=drain))
     return profiles
 
 

@@ -74,6 +74,10 @@ class PhaseProfile:
     #: (the coordinator's feed; fixed micro-batches of 32 on 24 ranks: 0.2-0.6 s at 32 emulated
     #: ranks), before anything of the step can start.
     start_seconds: float = 0.0
+    #: A micro-batched stage: the longest its last micro-batch of the step took on a rank. The
+    #: last items of a long-tailed stream are its longest responses, so the step's last item
+    #: may take longer through the stage than a micro-batch of the mean (0: not measured).
+    drain_seconds: float = 0.0
 
     def share_seconds(self, num_items: float, ranks: int) -> float:
         """Time of this phase's whole share on ``ranks`` ranks (its slowest one, for an engine)."""
@@ -253,21 +257,23 @@ def placement_time(
         else:
             joined[0].update(ranks)
             joined[1].append(index)
-    works, latencies, switches = [], [], 0.0
+    works, latencies, drains, switches = [], [], [], 0.0
     firsts = []  # per group, each member's own latency (its first output after its first input)
     #: per group fed by its engines' ends: how long after the first each engine ends
     gated: dict[int, list[float]] = {}
     for ranks, members in groups:
-        full, first = [], []
+        full, first, last = [], [], []
         for i in members:
             p = profiles[i]
             if p.latency_seconds is not None:  # an engine: its share at its rate (or model)
                 full.append(p.share_seconds(num_items, len(ranks)))
                 first.append(p.latency_seconds)
+                last.append(p.latency_seconds)
             else:  # a micro-batch runs on one rank: the ranks share the work, not its latency
                 one = sizes[i] * p.seconds_per_item + p.overhead_per_micro_batch
                 full.append(math.ceil(num_items / sizes[i]) * one / len(ranks))
                 first.append(one)
+                last.append(max(one, p.drain_seconds))
         works.append(sum(full))
         firsts.append(first)
         lead = profiles[members[0]]
@@ -282,16 +288,22 @@ def placement_time(
             gated[len(works) - 1] = [end - ends[0] for end in ends]
         else:
             latencies.append(sum(full[:-1]) + first[-1])
+        drains.append(latencies[-1] - first[-1] + last[-1])
         if len(members) > 1:
             switches += sum(profiles[i].switch_seconds for i in members)
 
     def waits(g: int) -> float:
-        """What group ``g``'s work waits on from the others: their latencies — but a group whose
+        """What group ``g``'s work waits on from the others: their latencies (the first output
+        of those before it, the last item's way through those after it) — but a group whose
         stages come before and after ``g``'s (hybrid's rollout and inference around the reward)
         feeds ``g`` at its first stage's own first output, not after its whole latency."""
-        first = groups[g][1][0]
+        first, end = groups[g][1][0], groups[g][1][-1]
         return sum(
-            sum(firsts[h]) if members[0] < first < members[-1] else latencies[h]
+            sum(firsts[h])
+            if members[0] < first < members[-1]
+            else drains[h]
+            if members[0] > end
+            else latencies[h]
             for h, (_, members) in enumerate(groups)
             if h != g
         )

@@ -101,7 +101,7 @@ def _run_micro_batches(
     meter = worker.sample_memory
     sizes: list[int] = []
     changes: list[dict[str, Any]] = []
-    busy_s = wait_s = 0.0
+    busy_s = wait_s = last_s = 0.0
     downstream_seen = 0.0
     hook = worker.comm.span_hook
     ended = False
@@ -133,6 +133,7 @@ def _run_micro_batches(
         meter.stop(len(batch))
         took = time.monotonic() - started
         busy_s += took
+        last_s = took
         if hook is not None:
             name = f"{worker.component}.{spec.method}"
             hook(name, "micro-batch", worker.component, wall_start, time.time(), items=len(batch))
@@ -157,4 +158,5 @@ def _run_micro_batches(
         "wait_s": wait_s,
         "first_wait_s": first_wait_s or 0.0,
         "first_output_s": None,
+        "last_s": last_s,  # the last micro-batch: a long-tailed stream's last items are its longest
     }
