@@ -33,11 +33,11 @@ def profiles_from_step(pipeline: Pipeline, result: StepResult) -> list[PhaseProf
     """One profile per stage from what its ranks measured in ``result``. Seconds per item are
     the slowest rank's busy time over an even share (the stage is done when its last rank is:
     uneven shares and uneven speeds both count); the finish (an optimizer step) and, for a
-    continuous stage, the time to its first output are the ranks' means; a micro-batched stage's
-    drain is its slowest rank's last micro-batch. The first stage's
-    ranks start when the coordinator's feed gives them their first micro-batch: the earliest of
-    them is the step's start (``start_seconds``), and each rank's later start counts in its time
-    (the stage is done when its last rank is)."""
+    continuous stage, the time to its first output are the ranks' means; a micro-batched
+    stage's drain is its slowest rank's last micro-batch. The first stage's ranks start when the
+    coordinator's feed gives them their first micro-batch: the earliest of them is the step's
+    start (``start_seconds``), and each rank's later start counts in its time (the stage is done
+    when its last rank is)."""
     profiles = []
     for stage, replies in zip(pipeline.stages, result.per_rank, strict=True):
         items = sum(r["items"] for r in replies)
