@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from conftest import BIN, REPO, run_command
 
@@ -174,6 +175,9 @@ def test_bench_scale_runs_the_emulated_cluster_and_writes_every_ratio(tmp_path: 
     assert set(modes) == {"centralized", "collocated", "auto", "off_policy_partial"}
     stale = modes.pop("off_policy_partial")  # partial rollouts, hybrid, one-step off-policy
     assert 1 <= stale["policy_lag"] <= 3 and 0 < stale["carried_fraction"] < 0.5
+    # every stage before the trainer on the shared ranks: the CPU reward holds no device of its own
+    ran = tomllib.loads((tmp_path / "runs" / "grpo-7b-off_policy_partial-8" / "config.toml").read_text())
+    assert ran["placement"]["groups"] == [["rollout", "reward", "inference"]]
     for mode in modes.values():
         assert (
             mode["step_s"] > 0 and 0 <= mode["idle_fraction"] <= 1 and mode["coordinator_busy_fraction"] < 0.5

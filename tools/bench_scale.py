@@ -143,6 +143,14 @@ def hybrid_pair(profile: Profile) -> tuple[str, str]:
     return on_device[0], next(s for s in on_device if s != on_device[0])
 
 
+def generation_group(profile: Profile) -> tuple[str, ...]:
+    """The stages the stale modes put on shared ranks: every stage before the trainer (the
+    last), so that a CPU stage between them (the reward) runs on the generation ranks instead
+    of holding a device of its own; with only one stage before the trainer, `hybrid_pair`."""
+    stages = list(profile.stages)
+    return tuple(stages[:-1]) if len(stages) > 2 else hybrid_pair(profile)
+
+
 def mode_settings(mode: str, profile: Profile, workers: int, samples: int, micro_batch: int) -> list[str]:
     stages = list(profile.stages)
     elastic = [
@@ -180,7 +188,7 @@ def mode_settings(mode: str, profile: Profile, workers: int, samples: int, micro
         return ["placement.mode=collocated", *every, *elastic]
     off = ["emulation.off_policy_steps=1"] if mode == "off_policy_partial" else []
     if mode in ("hybrid", *STALE):  # the two model stages share ranks, the rest get their own
-        shared = hybrid_pair(profile)
+        shared = generation_group(profile) if mode in STALE else hybrid_pair(profile)
         others = [s for s in stages if s not in shared]
         split = work_split(profile, workers, micro_batch, ["+".join(shared), *others], partial=mode in STALE)
         sets = [f"components.{s}.num_ranks={split['+'.join(shared)]}" for s in shared]
