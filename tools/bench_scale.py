@@ -27,10 +27,11 @@ responses (lengths are a function of seed and step):
 * ``off_policy``: ``disaggregated`` with one-step off-policy (the actor trains on step t's
   samples while the other stages produce step t+1's); ``off_policy_fixed``: the same with the
   fixed pipeline's micro-batches (the off-policy effect without the elastic controller's);
-* ``off_policy_partial``: ``hybrid`` with one-step off-policy and **partial rollouts** (an
-  engine stops when 20% of its step's requests still decode and goes on with them next step; a
-  response spans at most 3 steps): it does not wait for the long tail, and trains on responses
-  up to 3 updates stale; ``partial`` (not in the default ``--modes``): the same, on-policy.
+* ``off_policy_partial``: ``hybrid`` — every stage before the trainer on shared ranks, the
+  trainer on its own — with one-step off-policy and **partial rollouts** (an engine stops when
+  20% of its step's requests still decode and goes on with them next step; a response spans at
+  most 3 steps): it does not wait for the long tail, and trains on responses up to 3 updates
+  stale; ``partial`` (not in the default ``--modes``): the same, on-policy.
   These modes change the algorithm (staleness, recorded as ``lag``), so they are judged apart.
 
 Per mode: mean step time (steps after the first two but the last; auto: after its warm-up and
