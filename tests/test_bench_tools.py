@@ -182,6 +182,7 @@ def test_bench_scale_runs_the_emulated_cluster_and_writes_every_ratio(tmp_path: 
         assert (
             mode["step_s"] > 0 and 0 <= mode["idle_fraction"] <= 1 and mode["coordinator_busy_fraction"] < 0.5
         )
+        assert mode["wall_step_s"] >= mode["step_s"] * 0.95  # the steps' wall time holds the step
     assert modes["centralized"]["micro_batch"]["rollout"] > 64  # the whole share at once
     assert modes["auto"]["placement"].startswith("auto:")
     assert Path(data["png"]).stat().st_size > 1000

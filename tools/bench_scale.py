@@ -36,7 +36,10 @@ responses (lengths are a function of seed and step):
 
 Per mode: mean step time (steps after the first two but the last; auto: after its warm-up and
 the first decided step; off-policy's first step also generates its samples, its last only
-trains), idle fraction of the worker ranks, the coordinator's CPU share, and the cost
+trains; the pipelines' clock and the weight sync), the **wall** time between the steps'
+records (also the next step's stream declarations, a round trip to every rank, and the
+flow's own bookkeeping: ~10% more at 32 ranks, about the same in every mode; the ratios use
+the step time), idle fraction of the worker ranks, the coordinator's CPU share, and the cost
 model's predicted step time (calibrated on the step before) next to the measured one.
 Ratios (on ``--profile`` at the largest and the middle rank count): ``best_vs_centralized``,
 ``best_vs_fixed_pipeline`` (>= 1.5, >= 1.3: the best of our manual modes), ``auto_vs_best``
@@ -260,6 +263,8 @@ def run_mode(config: Path, out: Path, mode: str, ranks: int, sets: list[str]) ->
     predicted = [r["predicted_step_s"] for r in measured if "predicted_step_s" in r]
     return {
         "step_s": mean("step_s"),
+        # between the steps' records: also the stream declarations and the flow's bookkeeping
+        "wall_step_s": mean("wall_s"),
         "idle_fraction": mean("idle_fraction"),
         "coordinator_busy_fraction": mean("coordinator_busy_fraction"),
         "predicted_step_s": sum(predicted) / len(predicted) if predicted else None,
@@ -367,8 +372,9 @@ def main() -> int:
             for mode, r in by_mode.items():
                 predicted = "-" if r["predicted_step_s"] is None else f"{r['predicted_step_s']:.3f}"
                 rows.append(
-                    (name, count, mode, r["placement"], f"{r['step_s']:.3f}", predicted,
-                     f"{100 * r['idle_fraction']:.0f}%", f"{100 * r['coordinator_busy_fraction']:.1f}%",
+                    (name, count, mode, r["placement"], f"{r['step_s']:.3f}",
+                     f"{r['wall_step_s']:.3f}", predicted, f"{100 * r['idle_fraction']:.0f}%",
+                     f"{100 * r['coordinator_busy_fraction']:.1f}%",
                      str(r.get("policy_lag", 0)),
                      " ".join(f"{k}:{v:g}" for k, v in r["micro_batch"].items()))
                 )  # fmt: skip
@@ -380,6 +386,7 @@ def main() -> int:
             "mode",
             "placement",
             "step s",
+            "wall s",
             "predicted s",
             "idle",
             "coordinator",

@@ -1,22 +1,23 @@
 """The `emulated_rl` flow: the math job's macro flow (stages in profile order, a weight sync
 after each step) over `EmulatedStage` workers, measuring what the scale benchmark reports.
 
-Per step (``metrics.jsonl``): step time, the weight sync, each stage's busy time and mean
-micro-batch, the **idle fraction** of the worker ranks (1 - work at full efficiency / (ranks x
-step time): long-tail waiting, pipeline bubbles, switches and syncs all count as idle), the
-**coordinator's own CPU time** in the step (rank 0's process time: the runtime's overhead at
-this scale), and after the first step the **cost model's prediction** of this placement's step
-time (`scheduler.cost_model.placement_time` from the previous step's measurements, the same
-profiles ``auto`` builds: per-item seconds of each stage's slowest rank, switches, finishes, an
-engine's time to first output, each stage's mean micro-batch) next to the measured one. The
-response lengths are a function of (job seed, step), the same in every mode. With
-``emulation.off_policy_steps = 1`` the actor's stage is a pipeline of its own, fed step t's
-samples while the others produce step t+1's (as `apps.math.flow` does for GRPO). With
-``emulation.partial_rollouts`` the rollout engines carry their last responses into the next
-step (`EmulatedStage.engine`); a step then trains on about as many samples as it generates,
-some of them begun the step before (``partial_carried``; ``policy_lag`` counts them); what the
-engines still hold after the last step is not trained (the job ends; this app saves no
-checkpoints).
+Per step (``metrics.jsonl``): step time (the pipelines' clock and the weight sync; ``wall_s``:
+the time since the previous step's record, bookkeeping and stream declarations included), the
+weight sync, each stage's busy time and mean micro-batch, the **idle fraction** of the worker
+ranks (1 - work at full efficiency / (ranks x step time): long-tail waiting, pipeline bubbles,
+switches and syncs all count as idle), the **coordinator's own CPU time** in the step (rank 0's
+process time: the runtime's overhead at this scale), and after the first step the **cost
+model's prediction** of this placement's step time (`scheduler.cost_model.placement_time` from
+the previous step's measurements, the same profiles ``auto`` builds: per-item seconds of each
+stage's slowest rank, switches, finishes, an engine's time to first output, each stage's mean
+micro-batch) next to the measured one. The response lengths are a function of (job seed, step),
+the same in every mode. With ``emulation.off_policy_steps = 1`` the actor's stage is a pipeline
+of its own, fed step t's samples while the others produce step t+1's (as `apps.math.flow` does
+for GRPO). With ``emulation.partial_rollouts`` the rollout engines carry their last responses
+into the next step (`EmulatedStage.engine`); a step then trains on about as many samples as it
+generates, some of them begun the step before (``partial_carried``; ``policy_lag`` counts
+them); what the engines still hold after the last step is not trained (the job ends; this app
+saves no checkpoints).
 """
 
 from __future__ import annotations
@@ -99,6 +100,7 @@ def emulated_rl_flow(coordinator: Coordinator) -> dict[str, Any]:
         if off_policy
         else None
     )
+    mark = time.monotonic()  # the last record's time: steps' wall time, bookkeeping included
     for step in range(emulation.steps):
         cpu = time.process_time()
         items, weights = items_of(step)
@@ -141,6 +143,11 @@ def emulated_rl_flow(coordinator: Coordinator) -> dict[str, Any]:
         }
         if record["placement"] == predicted_for and predicted is not None:
             record["predicted_step_s"] = round(predicted, 4)
+        # `step_s` is the pipelines' clock (from the first stage's launch) plus the sync; the
+        # wall time between records also holds the step's stream declarations (a round trip
+        # to every rank) and this flow's own bookkeeping (metrics, the prediction below)
+        now = time.monotonic()
+        record["wall_s"], mark = round(now - mark, 4), now
         # each step calibrates the cost model for the next one (its micro-batch sizes move);
         # pipelines that run side by side take the longest one's time
         predicted = max(predict(p, r, samples) for p, r in ran) + sync_s
