@@ -191,7 +191,7 @@ def mode_settings(mode: str, profile: Profile, workers: int, samples: int, micro
     if mode == "collocated":
         return ["placement.mode=collocated", *every, *elastic]
     off = ["emulation.off_policy_steps=1"] if mode == "off_policy_partial" else []
-    if mode in ("hybrid", *STALE):  # the two model stages share ranks, the rest get their own
+    if mode in ("hybrid", *STALE):  # shared ranks (see hybrid_pair, generation_group), the rest apart
         shared = generation_group(profile) if mode in STALE else hybrid_pair(profile)
         others = [s for s in stages if s not in shared]
         split = work_split(profile, workers, micro_batch, ["+".join(shared), *others], partial=mode in STALE)
