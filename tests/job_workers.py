@@ -212,6 +212,10 @@ class ChannelWorker(ProbeWorker):
         channel.close()
         return count
 
+    def double(self, batch: list[int]) -> list[int]:
+        """A pipeline stage: each item times two."""
+        return [2 * x for x in batch]
+
     def drain(self, name: str = "work") -> list[int]:
         from rlinf_hpc.channel import EndOfStream
 
@@ -234,6 +238,26 @@ def worker_channel_flow(coordinator: Coordinator) -> dict[str, Any]:
     result = {"bad": bad, "made": made, "again": again, "taken": taken}
     print("DYN " + repr(result), flush=True)
     return result
+
+
+def busy_consumer_flow(coordinator: Coordinator) -> dict[str, Any]:
+    """Three pipeline steps whose streams reach a consumer rank busy with another command: the
+    producer's items arrive before that rank has taken the step's stream declarations (sent
+    without waiting), so they wait in its data plane until its stage asks for them."""
+    from rlinf_hpc.scheduler import Pipeline
+
+    pipe = Pipeline(coordinator, "busy").stage("producer", "double").stage("consumer", "double")
+    outputs, seconds = [], []
+    for step in range(3):
+        busy = coordinator.group("consumer").call("sleep", 0.5)  # queued before the declarations
+        result = pipe.run(list(range(step * 50, (step + 1) * 50)))
+        busy.result()
+        outputs.append(sorted(result.outputs))
+        seconds.append(result.seconds)
+    pipe.close()
+    report = {"outputs": outputs, "seconds": seconds}
+    print("BUSY " + repr(report), flush=True)
+    return report
 
 
 def late_channel_flow(coordinator: Coordinator) -> dict[str, Any]:

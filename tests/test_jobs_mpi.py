@@ -243,6 +243,24 @@ def test_flow_declares_a_channel_at_run_time(tmp_path: Path) -> None:
     assert "`channels.bad.capacity`" in report["errors"][1]
 
 
+def test_pipeline_items_reaching_a_rank_before_its_stream_declaration_are_kept(tmp_path: Path) -> None:
+    """A step's streams are declared without waiting for the ranks; a consumer rank busy with
+    an earlier command gets the producer's items before it knows the stream: none is lost."""
+    path = tmp_path / "busy.toml"
+    path.write_text(
+        '[job]\nname = "busy"\nnum_ranks = 4\ncall_timeout_s = 120\n'
+        '[components.producer]\nworker = "job_workers:ChannelWorker"\n'
+        '[components.consumer]\nworker = "job_workers:ChannelWorker"\nnum_ranks = 2\n'
+        '[placement]\nmode = "disaggregated"\n'
+        '[flow]\nrunner = "job_workers:busy_consumer_flow"\n'
+    )
+    result = rlinf("run", str(path), timeout=120)
+    assert result.returncode == 0, result.output
+    report = ast.literal_eval(_line(result.stdout, "BUSY "))
+    assert report["outputs"] == [[4 * x for x in range(s * 50, (s + 1) * 50)] for s in range(3)]
+    assert all(s >= 0.5 for s in report["seconds"]), report  # the step waited for the busy rank
+
+
 def test_worker_declares_a_channel_from_inside_a_method(tmp_path: Path) -> None:
     path = tmp_path / "dyn.toml"
     path.write_text(

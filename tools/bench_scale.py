@@ -36,11 +36,11 @@ responses (lengths are a function of seed and step):
 
 Per mode: mean step time (steps after the first two but the last; auto: after its warm-up and
 the first decided step; off-policy's first step also generates its samples, its last only
-trains; the pipelines' clock and the weight sync), the **wall** time between the steps'
-records (also the next step's stream declarations, a round trip to every rank, and the
-flow's own bookkeeping: ~10% more at 32 ranks, about the same in every mode; the ratios use
-the step time), idle fraction of the worker ranks, the coordinator's CPU share, and the cost
-model's predicted step time (calibrated on the step before) next to the measured one.
+trains; the pipelines' clock, from the step's stream declarations, and the weight sync), the
+**wall** time between the steps' records (also the flow's own bookkeeping: 2-5% more at 32
+ranks, about the same in every mode; the ratios use the step time), idle fraction of the worker
+ranks, the coordinator's CPU share, and the cost model's predicted step time (calibrated on the
+step before) next to the measured one.
 Ratios (on ``--profile`` at the largest and the middle rank count): ``best_vs_centralized``,
 ``best_vs_fixed_pipeline`` (>= 1.5, >= 1.3: the best of our manual modes), ``auto_vs_best``
 (>= 0.95), ``cost_model_error`` (<= 0.10: the largest relative error over modes and rank
@@ -263,7 +263,7 @@ def run_mode(config: Path, out: Path, mode: str, ranks: int, sets: list[str]) ->
     predicted = [r["predicted_step_s"] for r in measured if "predicted_step_s" in r]
     return {
         "step_s": mean("step_s"),
-        # between the steps' records: also the stream declarations and the flow's bookkeeping
+        # between the steps' records: also the flow's bookkeeping
         "wall_step_s": mean("wall_s"),
         "idle_fraction": mean("idle_fraction"),
         "coordinator_busy_fraction": mean("coordinator_busy_fraction"),

@@ -141,15 +141,23 @@ class Coordinator:
         A bad declaration raises `UserError` saying which key is wrong."""
         self.update_channels({name: {"producers": producers, "consumers": consumers, **options}})
 
-    def update_channels(self, add: Mapping[str, dict[str, Any]], remove: Iterable[str] = ()) -> None:
+    def update_channels(
+        self, add: Mapping[str, dict[str, Any]], remove: Iterable[str] = (), wait: bool = True
+    ) -> None:
         """Remove channels and declare new ones with one directory update (one round trip to
-        every rank). Removed channels must be finished: items still queued are dropped."""
+        every rank). Removed channels must be finished: items still queued are dropped.
+
+        ``wait=False`` returns once the update is sent: each rank takes it before any command
+        sent to it later (a rank runs its commands in order), so a stage launched next finds
+        its channels; an item that reaches a rank before the rank took the update waits in its
+        data plane's stash until the channel's consumer asks for it. A rank that fails to take
+        it fails the job at the coordinator's next wait."""
         for name in remove:
             if self._channels.pop(name, None) is None:
                 raise KeyError(f"no channel '{name}' to remove")
         for name, spec in add.items():
             self._declare_channel(name, spec)
-        self._publish_directory(self.placement.groups)
+        self._publish_directory(self.placement.groups, wait=wait)
 
     def channel(self, name: str) -> Channel:
         """The coordinator's handle on channel ``name`` (it may produce into it)."""

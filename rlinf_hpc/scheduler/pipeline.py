@@ -347,21 +347,26 @@ class RunningStep:
 
 def start_steps(*steps: tuple[Pipeline, list[Any], list[float] | None]) -> list[RunningStep]:
     """Start one step of each ``(pipeline, items, weights)`` at the same time, e.g. training on
-    one step's samples while the next step's are generated (one-step off-policy RL). All their
-    streams are declared in one directory update before any stage starts: an update waits for
-    every rank to take it, and a rank takes it between its commands, so declaring a second
-    pipeline's streams after the first one's stages started would wait for those stages."""
+    one step's samples while the next step's are generated (one-step off-policy RL).
+
+    All their streams are declared in one directory update, sent before the stages' launch
+    and not waited for (`Coordinator.update_channels` with ``wait=False``): every rank takes it
+    before the stage it is sent next, so each rank is woken once per step instead of twice
+    (at 32 emulated ranks on 2 cores the waited round trip took ~0.035 s of each step, before
+    the step's clock started). The step's clock starts before the declaration: a step's
+    seconds include its streams."""
     if len({id(pipe) for pipe, _, _ in steps}) != len(steps):
         raise ValueError("start_steps: one step per pipeline at a time")
     if not steps:
         return []
     coordinator = steps[0][0].coordinator
     prepared = [pipe._prepare(items) for pipe, items, _ in steps]
+    start = time.monotonic()
     coordinator.update_channels(
         {name: spec for _, specs in prepared for name, spec in specs.items()},
         remove=[name for pipe, _, _ in steps for name in pipe._streams],
+        wait=False,
     )
-    start = time.monotonic()
     launched = []
     for (pipe, _, _), (names, specs) in zip(steps, prepared, strict=True):
         pipe._streams = names

@@ -1,8 +1,9 @@
 """The `emulated_rl` flow: the math job's macro flow (stages in profile order, a weight sync
 after each step) over `EmulatedStage` workers, measuring what the scale benchmark reports.
 
-Per step (``metrics.jsonl``): step time (the pipelines' clock and the weight sync; ``wall_s``:
-the time since the previous step's record, bookkeeping and stream declarations included), the
+Per step (``metrics.jsonl``): step time (the pipelines' clock, from the step's stream
+declarations, and the weight sync; ``wall_s``: the time since the previous step's record, the
+flow's bookkeeping included), the
 weight sync, each stage's busy time and mean micro-batch, the **idle fraction** of the worker
 ranks (1 - work at full efficiency / (ranks x step time): long-tail waiting, pipeline bubbles,
 switches and syncs all count as idle), the **coordinator's own CPU time** in the step (rank 0's
@@ -143,9 +144,9 @@ def emulated_rl_flow(coordinator: Coordinator) -> dict[str, Any]:
         }
         if record["placement"] == predicted_for and predicted is not None:
             record["predicted_step_s"] = round(predicted, 4)
-        # `step_s` is the pipelines' clock (from the first stage's launch) plus the sync; the
-        # wall time between records also holds the step's stream declarations (a round trip
-        # to every rank) and this flow's own bookkeeping (metrics, the prediction below)
+        # `step_s` is the pipelines' clock (from the step's stream declarations) plus the
+        # sync; the wall time between records also holds this flow's own bookkeeping
+        # (metrics, the prediction below, the next step's requests)
         now = time.monotonic()
         record["wall_s"], mark = round(now - mark, 4), now
         # each step calibrates the cost model for the next one (its micro-batch sizes move);
