@@ -183,6 +183,11 @@ def test_bench_scale_runs_the_emulated_cluster_and_writes_every_ratio(tmp_path: 
             mode["step_s"] > 0 and 0 <= mode["idle_fraction"] <= 1 and mode["coordinator_busy_fraction"] < 0.5
         )
         assert mode["wall_step_s"] >= mode["step_s"] * 0.95  # the steps' wall time holds the step
+        assert mode["step_s"] >= mode["on_policy_floor_s"] > 0  # no on-policy step beats the floor
+    size = data["per_rank_count"]["8"]
+    assert size["floor_s"] == modes["centralized"]["on_policy_floor_s"]
+    no_idle = 1 / (1 - modes["centralized"]["idle_fraction"])  # the floor only lowers the ceiling
+    assert size["best_vs_centralized"] <= size["ceiling"] <= no_idle * (1 + 1e-9)
     assert modes["centralized"]["micro_batch"]["rollout"] > 64  # the whole share at once
     assert modes["auto"]["placement"].startswith("auto:")
     assert Path(data["png"]).stat().st_size > 1000

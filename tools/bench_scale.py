@@ -49,9 +49,13 @@ counts), ``idle_vs_centralized`` (<= 0.5: the best mode's idle fraction / centra
 (reported) ``off_policy_fixed_vs_fixed_pipeline``; for the stale modes
 ``off_policy_partial_vs_on_policy`` (>= 1.3: the best on-policy mode's step / its),
 ``stale_best_vs_centralized`` (>= 1.5) and ``stale_idle_vs_centralized`` (<= 0.5). Per rank
-count the table also shows the **ceiling**: centralized's step over the step with no idle
-time at all (its work at full efficiency spread evenly over the workers), the most any
-placement could gain on the profile.
+count the table also shows the on-policy **floor** (`Profile.on_policy_floor_s`: the step's
+longest response decoded alone, then through every later stage, the optimizer step and the
+weight sync, on ideal devices) and the **ceiling** of ``best_vs_centralized``: centralized's
+step over the larger of the floor and the step with no idle time at all (its work at full
+efficiency spread evenly over the workers) — both bounds on ideal devices, so no on-policy
+placement gains more, whatever the runtime does. On the 7B profile the floor binds from ~32
+ranks on, the work below that.
 """
 
 from __future__ import annotations
@@ -269,6 +273,7 @@ def run_mode(config: Path, out: Path, mode: str, ranks: int, sets: list[str]) ->
         "coordinator_busy_fraction": mean("coordinator_busy_fraction"),
         "predicted_step_s": sum(predicted) / len(predicted) if predicted else None,
         "tokens_per_s": mean("tokens_per_s"),
+        "on_policy_floor_s": mean("on_policy_floor_s"),
         "placement": records[-1]["placement"],
         "micro_batch": records[-1]["micro_batch"],
         # staleness: the most updates between a trained token's generation and its update
@@ -400,10 +405,10 @@ def main() -> int:
     plot(raw, main_name, png)
     print_table(
         "per rank count (" + main_name + ")",
-        ["ranks", "best mode", "best/centralized", "ceiling", "best/fixed", "best/fixed+engine",
+        ["ranks", "best mode", "best/centralized", "ceiling", "floor s", "best/fixed", "best/fixed+engine",
          "auto/best", "idle best/centralized", "off/on-policy", "stale best", "stale/centralized",
          "stale idle/centralized"],
-        [(k, str(v["best"]), f"{v['best_vs_centralized']:.2f}", f"{v['ceiling']:.2f}",
+        [(k, str(v["best"]), f"{v['best_vs_centralized']:.2f}", f"{v['ceiling']:.2f}", f"{v['floor_s']:.3f}",
           f"{v['best_vs_fixed_pipeline']:.2f}", f"{v['best_vs_fixed_engine']:.2f}",
           f"{v['auto_vs_best']:.2f}", f"{v['idle_vs_centralized']:.2f}",
           f"{v['off_policy_vs_on_policy']:.2f}", str(v["stale_best"]),
@@ -418,6 +423,24 @@ def main() -> int:
     write_json(args.json, {"ratios": ratios, "raw": raw, "per_rank_count": per_size, "png": str(png),
                            "emulated": True, "time_scale": args.time_scale, "quick": args.quick})  # fmt: skip
     return 0 if ok else 1
+
+
+def ceiling(modes: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """The on-policy floor (s) of the run's steps and the most ``best_vs_centralized`` can be:
+    centralized's step over the larger of the floor and centralized's work spread over its
+    ranks with no idle time (see the module's docstring).
+
+    >>> ceiling({"centralized": {"step_s": 2.0, "idle_fraction": 0.5, "on_policy_floor_s": 0.8}})
+    {'floor_s': 0.8, 'ceiling': 2.0}
+    >>> ceiling({"centralized": {"step_s": 2.0, "idle_fraction": 0.5, "on_policy_floor_s": 1.6}})
+    {'floor_s': 1.6, 'ceiling': 1.25}
+    """
+    if "centralized" not in modes:
+        return {"floor_s": math.nan, "ceiling": math.nan}
+    central = modes["centralized"]
+    work = central["step_s"] * (1 - central["idle_fraction"])  # no idle time at all
+    floor = central.get("on_policy_floor_s", 0.0)  # the same responses in every on-policy mode
+    return {"floor_s": floor, "ceiling": central["step_s"] / max(1e-9, work, floor)}
 
 
 def compute_ratios(
@@ -451,9 +474,7 @@ def compute_ratios(
             "stale_best": stale_best,
             "stale_best_vs_centralized": ratio("centralized", stale_best),
             "stale_idle_vs_centralized": ratio(stale_best, "centralized", "idle_fraction"),
-            "ceiling": 1 / max(1e-9, 1 - modes["centralized"]["idle_fraction"])
-            if "centralized" in modes
-            else math.nan,
+            **ceiling(modes),
         }
     judged = [per_size[str(r)] for r in ranks[-2:] if str(r) in per_size] or list(per_size.values())
     ratios = {}

@@ -129,6 +129,8 @@ def emulated_rl_flow(coordinator: Coordinator) -> dict[str, Any]:
             "weight_sync_s": round(sync_s, 4),
             "samples": samples,
             "tokens": sum(lengths),
+            # no on-policy schedule of these responses takes less (`Profile.on_policy_floor_s`)
+            "on_policy_floor_s": round(profile.on_policy_floor_s(lengths) * emulation.time_scale, 4),
             "tokens_per_s": round(sum(lengths) / step_s, 1),
             "idle_fraction": round(max(0.0, 1.0 - useful / (workers * step_s)), 4),
             "coordinator_cpu_s": round(coordinator_cpu_s, 4),

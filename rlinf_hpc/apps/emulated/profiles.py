@@ -116,6 +116,32 @@ class Profile:
             return cost.seconds_per_token * sum(lengths) + cost.seconds_per_call
         return cost.seconds_per_sample * len(lengths) + cost.seconds_per_call
 
+    def on_policy_floor_s(self, lengths: list[int]) -> float:
+        """The least time an on-policy step on responses of these lengths can take on ideal
+        devices, whatever the placement and however many ranks (seconds at the seed's scale):
+        the step's longest response decoded alone on an engine (each decode step at least
+        ``alpha + (1 - alpha) / slots`` of a full one), then that response through every later
+        stage (a micro-batch of it alone), the trainer's optimizer step (the last stage's
+        ``finish_s``) and the weight sync the next step's generation waits for. A step whose
+        work spread over its ranks takes longer is bound by that instead (the benchmark's
+        ``ceiling``); this is the bound no rank count lifts.
+
+        >>> profile = PROFILES["grpo-7b"]
+        >>> round(profile.on_policy_floor_s([500, 2000]), 1)  # 81.9 + 0.02 + 0.4 + 1.2 + 2 + 0.56
+        86.1
+        """
+        longest = max(lengths)
+        stages = list(self.stages)
+        total = 0.0
+        for name in stages:
+            cost = self.stages[name]
+            if cost.kind == "generate":
+                per_step = self.alpha + (1 - self.alpha) / self.slots
+                total += self.decode_step_s * per_step * longest + cost.seconds_per_call
+            else:
+                total += self.stage_seconds(name, [longest])
+        return total + self.stages[stages[-1]].finish_s + self.sync_s
+
     def max_micro_batch(self, component: str) -> int | None:
         """The seed's rule for the largest micro-batch: 0.3 x (device - state) / per sample."""
         cost = self.stages[component]
