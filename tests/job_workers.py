@@ -260,6 +260,17 @@ def busy_consumer_flow(coordinator: Coordinator) -> dict[str, Any]:
     return report
 
 
+def lost_in_background_flow(coordinator: Coordinator) -> dict[str, Any]:
+    """A channel removed without waiting while items sent into it were never taken: the ranks'
+    failure to take the update (`LostItemsError`) must fail the job, though every call the flow
+    waits for afterwards succeeds."""
+    coordinator.create_channel("leftover", "producer", "consumer")
+    coordinator.group("producer").call("produce", 0, 5, False, "leftover").result()
+    coordinator.update_channels({}, remove=["leftover"], wait=False)
+    coordinator.group("consumer").call("echo", 1).result()
+    return {"done": True}
+
+
 def late_channel_flow(coordinator: Coordinator) -> dict[str, Any]:
     """A channel declared by the flow while the job runs; bad declarations are refused."""
     errors = []

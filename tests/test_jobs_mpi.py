@@ -261,6 +261,21 @@ def test_pipeline_items_reaching_a_rank_before_its_stream_declaration_are_kept(t
     assert all(s >= 0.5 for s in report["seconds"]), report  # the step waited for the busy rank
 
 
+def test_a_failed_update_nobody_waited_for_fails_the_job(tmp_path: Path) -> None:
+    """A directory update sent without waiting fails on the ranks (items never taken): the
+    job ends with exit 1 naming the error, never 0 because later calls succeeded."""
+    path = tmp_path / "lost.toml"
+    path.write_text(
+        '[job]\nname = "lost"\nnum_ranks = 3\ncall_timeout_s = 60\n'
+        '[components.producer]\nworker = "job_workers:ChannelWorker"\n'
+        '[components.consumer]\nworker = "job_workers:ChannelWorker"\n'
+        '[flow]\nrunner = "job_workers:lost_in_background_flow"\n'
+    )
+    result = rlinf("run", str(path), timeout=120)
+    assert result.returncode == 1, result.output
+    assert "set_directory" in result.output and "nobody consumed" in result.output, result.output
+
+
 def test_worker_declares_a_channel_from_inside_a_method(tmp_path: Path) -> None:
     path = tmp_path / "dyn.toml"
     path.write_text(

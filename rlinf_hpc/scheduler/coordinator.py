@@ -378,10 +378,10 @@ class Coordinator:
 
         def poll() -> bool | None:
             self.pump()
-            if future.done():
-                return True
+            # before the future's own answer: a failure on any rank (a command nobody waits
+            # for, e.g. a directory update sent without waiting) ends the job at its next wait
             self._raise_if_fatal()
-            return None
+            return True if future.done() else None
 
         poll_until(
             poll,
@@ -395,6 +395,8 @@ class Coordinator:
     # -- shutdown ----------------------------------------------------------------------------
     def shutdown(self, exit_code: int, reason: str, timeout: float | None = None) -> bool:
         """Ask every worker to leave; True if all acknowledged, else abort the whole job."""
+        if exit_code == 0:
+            self._raise_if_fatal()  # a failure no wait saw yet: the job did not succeed
         timeout = self.config.job.shutdown_timeout_s if timeout is None else timeout
         remaining = [r for r in self.worker_ranks if r not in self._departed]
         for rank in remaining:
