@@ -9,27 +9,24 @@ loop — or, when a rank no longer answers, aborts the whole job instead of hang
 from __future__ import annotations
 
 import time
-from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from rlinf_hpc.channel import Channel, channel_for
 from rlinf_hpc.cluster import RankSlot
-from rlinf_hpc.comm import COORDINATOR_RANK, Backoff, ControlPlane, DataPlane, Directory, abort, poll_until
+from rlinf_hpc.comm import COORDINATOR_RANK, Backoff, ControlPlane, DataPlane, Directory, abort
 from rlinf_hpc.config import Config, config_from_dict
-from rlinf_hpc.errors import UserError, WorkerError
+from rlinf_hpc.errors import UserError
 from rlinf_hpc.log import get_logger
-from rlinf_hpc.scheduler.futures import CallFuture, GroupFuture
+from rlinf_hpc.scheduler.calls import Calls
+from rlinf_hpc.scheduler.futures import GroupFuture
 from rlinf_hpc.scheduler.group import ComponentGroup
 from rlinf_hpc.scheduler.placement import Placement, channel_specs, effective_device, plan_placement
 from rlinf_hpc.scheduler.protocol import (
     Answer,
-    Bye,
-    Call,
     Join,
     Leave,
-    Reply,
     Request,
     SetDirectory,
     Shutdown,
@@ -63,20 +60,18 @@ class Coordinator:
         self.slots = slots
         self._slot_of = {s.rank: s for s in slots}
         self._placement: Placement | None = None
-        self._next_call_id = 1
         self._next_comm_tag = 1000
-        self._pending: dict[int, dict[int, CallFuture]] = {}
-        self._busy: dict[int, dict[int, CallFuture]] = defaultdict(dict)
-        self._departed: dict[int, Bye] = {}
-        self._fatal: Exception | None = None
         self._directory_version = 0
-        self._background: set[int] = set()
+        #: Commands in flight, replies, departures and the job's fatal error.
+        self.calls = Calls(
+            control, comm, config.job.call_timeout_s, self._serve_request, self._components_label
+        )
         #: The run directory (``--run-dir``) where flows may write their files; None without one.
         self.run_dir: Path | None = None
         #: Called as ``hook(pipeline name, StepResult)`` after every pipeline step.
         self.step_hooks: list[Callable[[str, Any], None]] = []
         #: Timeline spans the workers handed over when they left (see runtime.timeline).
-        self.worker_spans: list[dict[str, Any]] = []
+        self.worker_spans: list[dict[str, Any]] = self.calls.worker_spans
         #: The job's checkpoint manager (`rlinf_hpc.runtime.checkpoint.manager`), set by the runner.
         self.checkpoints: Any = None
 
@@ -124,13 +119,13 @@ class Coordinator:
             self.comm.set_directory(directory)
         futures = []
         for rank in self.worker_ranks:
-            future = self._new_future(rank, "-", "set_directory")
+            future = self.calls.new_future(rank, "-", "set_directory")
             self.control.send_command(rank, SetDirectory(future.call_id, directory))
             futures.append(future)
         if wait:
-            self._wait_all(futures)
+            self.calls.wait_all(futures)
         else:  # nobody waits on these: a failure becomes the job's failure at the next wait
-            self._background.update(f.call_id for f in futures)
+            self.calls.background.update(f.call_id for f in futures)
         return directory
 
     def create_channel(
@@ -234,10 +229,10 @@ class Coordinator:
         leaving = [(name, rank) for name in changed for rank in current[name] if rank not in target[name]]
         futures = []
         for name, rank in leaving:
-            future = self._new_future(rank, name, "teardown")
+            future = self.calls.new_future(rank, name, "teardown")
             self.control.send_command(rank, Leave(future.call_id, name))
             futures.append(future)
-        self._wait_all(futures)
+        self.calls.wait_all(futures)
         self._publish_directory(target)
         self._form_groups(target, changed)
         self._placement = Placement(target)
@@ -251,7 +246,7 @@ class Coordinator:
             tag = self._next_comm_tag
             self._next_comm_tag += 1
             for rank in groups[name]:
-                future = self._new_future(rank, name, "setup")
+                future = self.calls.new_future(rank, name, "setup")
                 join = Join(
                     future.call_id,
                     name,
@@ -266,32 +261,13 @@ class Coordinator:
                 )
                 self.control.send_command(rank, join)
                 futures.append(future)
-        self._wait_all(futures)
+        self.calls.wait_all(futures)
 
-    # -- calls -------------------------------------------------------------------------------
-    def _new_future(self, rank: int, component: str, method: str) -> CallFuture:
-        """Register a future for a command about to be sent to ``rank``."""
-        self._raise_if_fatal()
-        if rank in self._departed:
-            raise WorkerError(rank, component, method, "the rank has left the job", "")
-        call_id = self._next_call_id
-        self._next_call_id += 1
-        future = CallFuture(call_id, rank, component, method, self._wait_for)
-        self._pending.setdefault(call_id, {})[rank] = future
-        self._busy[rank][call_id] = future
-        return future
-
+    # -- calls (the ledger is `scheduler.calls.Calls`) ---------------------------------------
     def calls_in_flight(self) -> list[str]:
         """Worker commands sent and not answered yet (the coordinator's own background
         directory updates excluded), after routing every reply that has arrived."""
-        while self.pump():
-            pass
-        return [
-            future.describe()
-            for calls in self._busy.values()
-            for call_id, future in calls.items()
-            if call_id not in self._background
-        ]
+        return self.calls.in_flight()
 
     def send_calls(
         self,
@@ -302,118 +278,37 @@ class Coordinator:
         kwargs: dict[str, Any],
     ) -> GroupFuture:
         """Send ``method`` to each rank (used by `ComponentGroup`); returns futures at once."""
-        if not method or method.startswith("_"):
-            raise ValueError(f"'{method}' is not a public worker method name")
-        futures = []
-        for rank, args in zip(ranks, per_rank_args, strict=True):
-            future = self._new_future(rank, component, method)
-            self.control.send_command(rank, Call(future.call_id, component, method, args, kwargs))
-            futures.append(future)
-        return GroupFuture(futures)
-
-    def _wait_all(self, futures: list[CallFuture]) -> None:
-        GroupFuture(futures).result(self.config.job.call_timeout_s)
-
-    # -- receiving ---------------------------------------------------------------------------
-    def _raise_if_fatal(self) -> None:
-        if self._fatal is not None:
-            raise self._fatal
-
-    def _handle(self, rank: int, message: Reply | Bye | Request) -> None:
-        if isinstance(message, Request):
-            self._serve_request(rank, message)
-            return
-        if isinstance(message, Reply):
-            future = self._pending.get(message.call_id, {}).pop(message.rank, None)
-            self._busy[rank].pop(message.call_id, None)
-            if not self._pending.get(message.call_id, True):
-                del self._pending[message.call_id]
-            if future is not None:
-                future._resolve(message)
-            if message.call_id in self._background:
-                self._background.discard(message.call_id)
-                if not message.ok and self._fatal is None:
-                    self._fatal = WorkerError(
-                        rank, message.component, "set_directory", message.error, message.traceback
-                    )
-            return
-        self._departed[rank] = message
-        self.worker_spans.extend(message.spans)
-        lost = list(self._busy.pop(rank, {}).values())
-        for future in lost:
-            self._pending.get(future.call_id, {}).pop(rank, None)
-            reason = message.error or f"the rank left the job ({message.reason})"
-            future._resolve(
-                Reply(
-                    future.call_id, rank, future.component, False, error=reason, traceback=message.traceback
-                )
-            )
-        if message.reason != "shutdown" and self._fatal is None:
-            components = ", ".join(self.placement.components_on(rank)) if self._placement else "-"
-            self._fatal = WorkerError(
-                rank,
-                components or "-",
-                "its service loop",
-                message.error or message.reason,
-                message.traceback,
-            )
+        return self.calls.send(component, ranks, method, per_rank_args, kwargs)
 
     def pump(self) -> bool:
-        """Receive and route every reply that has arrived. True if any did.
+        """Receive and route every reply that has arrived (`Calls.pump`). True if any did."""
+        return self.calls.pump()
 
-        The data plane is polled first: the consumers of the streams this rank feeds keep
-        sending it acknowledgements after the feed, and left in MPI they held up the replies
-        sent after them — at 16 emulated ranks every reply of a step reached rank 0 0.4-1.0 s
-        after its worker sent it, while rank 0 probed for replies every few milliseconds."""
-        got = False
-        if self.comm is not None:
-            self.comm.poll()
-        while (received := self.control.try_receive_reply()) is not None:
-            self._handle(*received)
-            got = True
-        return got
-
-    def _wait_for(self, future: CallFuture, timeout: float | None) -> None:
-        timeout = self.config.job.call_timeout_s if timeout is None else timeout
-
-        def poll() -> bool | None:
-            self.pump()
-            # before the future's own answer: a failure on any rank (a command nobody waits
-            # for, e.g. a directory update sent without waiting) ends the job at its next wait
-            self._raise_if_fatal()
-            return True if future.done() else None
-
-        poll_until(
-            poll,
-            timeout,
-            lambda: (
-                f"coordinator (rank 0) waited for rank {future.rank} (component "
-                f"'{future.component}') to finish {future.method} (call #{future.call_id})"
-            ),
-        )
+    def _components_label(self, rank: int) -> str:
+        return ", ".join(self.placement.components_on(rank)) if self._placement else "-"
 
     # -- shutdown ----------------------------------------------------------------------------
     def shutdown(self, exit_code: int, reason: str, timeout: float | None = None) -> bool:
         """Ask every worker to leave; True if all acknowledged, else abort the whole job."""
         if exit_code == 0:
-            self._raise_if_fatal()  # a failure no wait saw yet: the job did not succeed
+            self.calls.raise_if_fatal()  # a failure no wait saw yet: the job did not succeed
         timeout = self.config.job.shutdown_timeout_s if timeout is None else timeout
-        remaining = [r for r in self.worker_ranks if r not in self._departed]
+        remaining = [r for r in self.worker_ranks if r not in self.calls.departed]
         for rank in remaining:
             self.control.send_command(rank, Shutdown(reason))
         deadline = time.monotonic() + timeout
         backoff = Backoff()
-        while any(r not in self._departed for r in remaining) and time.monotonic() < deadline:
+        while any(r not in self.calls.departed for r in remaining) and time.monotonic() < deadline:
             if self.pump():
                 backoff.reset()
             else:
                 backoff.sleep()
-        silent = [r for r in remaining if r not in self._departed]
+        silent = [r for r in remaining if r not in self.calls.departed]
         if not silent:
             return True
         busy = "; ".join(
-            f"rank {r} busy in {', '.join(f.describe() for f in self._busy.get(r, {}).values())}"
-            if self._busy.get(r)
+            f"rank {r} busy in {', '.join(f.describe() for f in self.calls.busy.get(r, {}).values())}"
+            if self.calls.busy.get(r)
             else f"rank {r} idle"
             for r in silent
         )
