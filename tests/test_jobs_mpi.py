@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BIN, CONFIGS, mpiexec, probe_toml, rlinf, start_job, survivors, wait_for_pids
+from conftest import BIN, CONFIGS, Completed, mpiexec, probe_toml, rlinf, start_job, survivors, wait_for_pids
 
 pytestmark = pytest.mark.mpi
 
@@ -227,15 +227,21 @@ def test_channel_items_survive_a_consumer_leaving(tmp_path: Path) -> None:
     assert report["producer"]["outstanding"] == 0  # every item acknowledged to its producer
 
 
-def test_flow_declares_a_channel_at_run_time(tmp_path: Path) -> None:
-    path = tmp_path / "late.toml"
+def _channel_job(tmp_path: Path, flow: str, consumers: int = 2, extra: str = "") -> Completed:
+    """Run ``flow`` from tests/job_workers.py over a ChannelWorker producer (1 rank) and
+    consumer (``consumers`` ranks); ``extra``: more config text."""
+    path = tmp_path / "channels.toml"
     path.write_text(
-        '[job]\nname = "late"\nnum_ranks = 4\ncall_timeout_s = 120\n'
+        f'[job]\nname = "channels"\nnum_ranks = {2 + consumers}\ncall_timeout_s = 120\n'
         '[components.producer]\nworker = "job_workers:ChannelWorker"\n'
-        '[components.consumer]\nworker = "job_workers:ChannelWorker"\nnum_ranks = 2\n'
-        '[flow]\nrunner = "job_workers:late_channel_flow"\n'
+        f'[components.consumer]\nworker = "job_workers:ChannelWorker"\nnum_ranks = {consumers}\n'
+        f'{extra}[flow]\nrunner = "job_workers:{flow}"\n'
     )
-    result = rlinf("run", str(path), timeout=120)
+    return rlinf("run", str(path), timeout=120)
+
+
+def test_flow_declares_a_channel_at_run_time(tmp_path: Path) -> None:
+    result = _channel_job(tmp_path, "late_channel_flow")
     assert result.returncode == 0, result.output
     report = ast.literal_eval(_line(result.stdout, "LATE "))
     assert report["taken"] == list(range(40))
@@ -246,15 +252,7 @@ def test_flow_declares_a_channel_at_run_time(tmp_path: Path) -> None:
 def test_pipeline_items_reaching_a_rank_before_its_stream_declaration_are_kept(tmp_path: Path) -> None:
     """A step's streams are declared without waiting for the ranks; a consumer rank busy with
     an earlier command gets the producer's items before it knows the stream: none is lost."""
-    path = tmp_path / "busy.toml"
-    path.write_text(
-        '[job]\nname = "busy"\nnum_ranks = 4\ncall_timeout_s = 120\n'
-        '[components.producer]\nworker = "job_workers:ChannelWorker"\n'
-        '[components.consumer]\nworker = "job_workers:ChannelWorker"\nnum_ranks = 2\n'
-        '[placement]\nmode = "disaggregated"\n'
-        '[flow]\nrunner = "job_workers:busy_consumer_flow"\n'
-    )
-    result = rlinf("run", str(path), timeout=120)
+    result = _channel_job(tmp_path, "busy_consumer_flow", extra='[placement]\nmode = "disaggregated"\n')
     assert result.returncode == 0, result.output
     report = ast.literal_eval(_line(result.stdout, "BUSY "))
     assert report["outputs"] == [[4 * x for x in range(s * 50, (s + 1) * 50)] for s in range(3)]
@@ -264,27 +262,13 @@ def test_pipeline_items_reaching_a_rank_before_its_stream_declaration_are_kept(t
 def test_a_failed_update_nobody_waited_for_fails_the_job(tmp_path: Path) -> None:
     """A directory update sent without waiting fails on the ranks (items never taken): the
     job ends with exit 1 naming the error, never 0 because later calls succeeded."""
-    path = tmp_path / "lost.toml"
-    path.write_text(
-        '[job]\nname = "lost"\nnum_ranks = 3\ncall_timeout_s = 60\n'
-        '[components.producer]\nworker = "job_workers:ChannelWorker"\n'
-        '[components.consumer]\nworker = "job_workers:ChannelWorker"\n'
-        '[flow]\nrunner = "job_workers:lost_in_background_flow"\n'
-    )
-    result = rlinf("run", str(path), timeout=120)
+    result = _channel_job(tmp_path, "lost_in_background_flow", consumers=1)
     assert result.returncode == 1, result.output
     assert "set_directory" in result.output and "nobody consumed" in result.output, result.output
 
 
 def test_worker_declares_a_channel_from_inside_a_method(tmp_path: Path) -> None:
-    path = tmp_path / "dyn.toml"
-    path.write_text(
-        '[job]\nname = "dyn"\nnum_ranks = 4\ncall_timeout_s = 120\n'
-        '[components.producer]\nworker = "job_workers:ChannelWorker"\n'
-        '[components.consumer]\nworker = "job_workers:ChannelWorker"\nnum_ranks = 2\n'
-        '[flow]\nrunner = "job_workers:worker_channel_flow"\n'
-    )
-    result = rlinf("run", str(path), timeout=120)
+    result = _channel_job(tmp_path, "worker_channel_flow")
     assert result.returncode == 0, result.output
     report = ast.literal_eval(_line(result.stdout, "DYN "))
     assert "channels.dyn.producers names ['nobody']" in report["bad"]

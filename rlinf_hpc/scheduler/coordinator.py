@@ -20,7 +20,6 @@ from rlinf_hpc.config import Config, config_from_dict
 from rlinf_hpc.errors import UserError
 from rlinf_hpc.log import get_logger
 from rlinf_hpc.scheduler.calls import Calls
-from rlinf_hpc.scheduler.futures import GroupFuture
 from rlinf_hpc.scheduler.group import ComponentGroup
 from rlinf_hpc.scheduler.placement import Placement, channel_specs, effective_device, plan_placement
 from rlinf_hpc.scheduler.protocol import (
@@ -268,17 +267,6 @@ class Coordinator:
         """Worker commands sent and not answered yet (the coordinator's own background
         directory updates excluded), after routing every reply that has arrived."""
         return self.calls.in_flight()
-
-    def send_calls(
-        self,
-        component: str,
-        ranks: list[int],
-        method: str,
-        per_rank_args: list[tuple[Any, ...]],
-        kwargs: dict[str, Any],
-    ) -> GroupFuture:
-        """Send ``method`` to each rank (used by `ComponentGroup`); returns futures at once."""
-        return self.calls.send(component, ranks, method, per_rank_args, kwargs)
 
     def pump(self) -> bool:
         """Receive and route every reply that has arrived (`Calls.pump`). True if any did."""

@@ -59,7 +59,7 @@ class ComponentGroup:
     def call(self, method: str, *args: Any, **kwargs: Any) -> GroupFuture:
         """Run ``method(*args, **kwargs)`` on every rank of the handle; returns at once."""
         ranks = self.world_ranks
-        return self._coordinator.send_calls(self.name, ranks, method, [args] * len(ranks), kwargs)
+        return self._coordinator.calls.send(self.name, ranks, method, [args] * len(ranks), kwargs)
 
     def call_each(self, method: str, per_rank_args: Sequence[Any]) -> GroupFuture:
         """Run ``method`` with one argument tuple per rank (a non-tuple is one argument)."""
@@ -70,7 +70,7 @@ class ComponentGroup:
                 f"{len(ranks)} rank(s)"
             )
         args = [a if isinstance(a, tuple) else (a,) for a in per_rank_args]
-        return self._coordinator.send_calls(self.name, ranks, method, args, {})
+        return self._coordinator.calls.send(self.name, ranks, method, args, {})
 
     def __repr__(self) -> str:
         return f"ComponentGroup({self.name!r}, ranks={self.world_ranks})"
