@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -153,6 +154,22 @@ def test_bench_embodied_writes_every_ratio(tmp_path: Path) -> None:
     assert set(data["ratios"]) == {"split_vs_vector_env", "pipelined_vs_unpipelined", "async_vs_sync"}
     assert all(v > 0 for v in data["ratios"].values())
     assert data["raw"]["vector_env_steps_per_s"] > 0 and data["raw"]["env"] == "CartPole-v1"
+    for curve in (data["raw"]["sync_curve"], data["raw"]["async_curve"]):  # iterations with returns
+        assert len(curve["env_steps"]) == len(curve["return_recent"]) == len(curve["iteration_s"]) <= 2
+    png = tmp_path / "bench_curves.png"  # beside --json
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"curves: {png}" in result.stdout
+
+
+def test_bench_e2e_plots_the_off_policy_and_on_policy_curves(tmp_path: Path) -> None:
+    """`--accuracy-steps`' figure from two runs' records (the runs themselves: BENCHMARKS.md)."""
+    sys.path.insert(0, str(REPO / "tools"))
+    try:
+        from bench_e2e import plot_accuracy
+    finally:
+        sys.path.remove(str(REPO / "tools"))
+    run = {"eval_times": [(0, 0.0, 0.3), (10, 20.5, 0.6)], "step_times": [2.0] * 10}
+    plot_accuracy({"on_policy": run, "off_policy": {**run, "step_times": [1.5] * 10}}, tmp_path / "c.png")
+    assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_bench_scale_runs_the_emulated_cluster_and_writes_every_ratio(tmp_path: Path) -> None:

@@ -47,7 +47,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchlib import check_ratios, write_json
+from benchlib import check_ratios, plot_curves, write_json
 
 REPO = Path(__file__).resolve().parents[1]
 REQUIRED = {
@@ -141,13 +141,49 @@ def run_accuracy(steps: int, out: Path, extra: list[str]) -> dict[str, Any]:
     for name, sets in (("on_policy", []), ("off_policy", ["grpo.off_policy_steps=1"])):
         print(f"running the main job {name}, {steps} steps ...", flush=True)
         metrics = _job(out / f"main-{name}", 5, [f"grpo.steps={steps}", *extra, *sets], name)
+        start = json.loads((out / f"main-{name}" / "summary.json").read_text())["eval_accuracy_start"]
         measured = metrics[2:-1]
+        elapsed, clock = [], 0.0
+        for m in metrics:
+            clock += m["step_s"] + m["weight_sync_s"]
+            elapsed.append(round(clock, 3))
         found[name] = {
             "step_s": sum(m["step_s"] for m in measured) / len(measured),
             "eval_accuracy_end": metrics[-1]["eval_accuracy"],
             "evals": [(m["step"], m["eval_accuracy"]) for m in metrics if "eval_accuracy" in m],
+            # (step, seconds of steps and syncs so far, held-out accuracy) at each evaluation
+            "eval_times": [(0, 0.0, start)]
+            + [
+                (m["step"], t, m["eval_accuracy"])
+                for m, t in zip(metrics, elapsed, strict=True)
+                if "eval_accuracy" in m
+            ],
+            "step_times": [m["step_s"] for m in metrics],
+            "rewards": [m["reward"] for m in metrics],
         }
     return found
+
+
+def plot_accuracy(accuracy: dict[str, Any], path: Path) -> None:
+    """Held-out accuracy on- and off-policy against steps and against time, and each step's time."""
+    runs = {name.replace("_", "-"): accuracy[name] for name in ("on_policy", "off_policy")}
+    by_step = {
+        k: ([e[0] for e in r["eval_times"]], [100 * e[2] for e in r["eval_times"]]) for k, r in runs.items()
+    }
+    by_time = {
+        k: ([e[1] for e in r["eval_times"]], [100 * e[2] for e in r["eval_times"]]) for k, r in runs.items()
+    }
+    steps = {k: (list(range(1, len(r["step_times"]) + 1)), r["step_times"]) for k, r in runs.items()}
+    plot_curves(
+        path,
+        "math GRPO (the main job), one-step off-policy against on-policy, disaggregated, 5 ranks",
+        [
+            ("GRPO step", "held-out accuracy (%)", by_step),
+            ("seconds of steps and weight syncs", "held-out accuracy (%)", by_time),
+            ("GRPO step", "step time (s)", steps),
+        ],
+    )
+    print(f"curves: {path}")
 
 
 def main() -> int:
@@ -164,6 +200,10 @@ def main() -> int:
     parser.add_argument(
         "--accuracy-steps", type=int, default=0, metavar="N",
         help="also run the main job N steps on- and off-policy (60: its length) for the accuracy delta",
+    )  # fmt: skip
+    parser.add_argument(
+        "--png", help="with --accuracy-steps: the on/off-policy curves (default: bench_e2e_curves.png "
+        "beside --json, else in the current directory)",
     )  # fmt: skip
     args = parser.parse_args()
     if args.steps < 5:
@@ -192,6 +232,8 @@ def main() -> int:
         ratios["main_job_off_policy_vs_on_policy"] = on["step_s"] / off["step_s"]
         ratios["off_policy_accuracy_delta"] = 100 * (off["eval_accuracy_end"] - on["eval_accuracy_end"])
         raw["main_job"] = accuracy
+        default = Path(args.json).with_name(Path(args.json).stem + "_curves.png") if args.json else None
+        plot_accuracy(accuracy, Path(args.png) if args.png else default or Path("bench_e2e_curves.png"))
     print_table(
         f"math GRPO tiny, {args.np} ranks, {args.steps} steps per mode (best of ours: {best})",
         ["mode", "placement", "step s", "tokens/s", "bubble", "switch s", "sync s"],

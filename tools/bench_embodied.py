@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchlib import check_ratios, write_json
+from benchlib import check_ratios, plot_curves, write_json
 
 REPO = Path(__file__).resolve().parents[1]
 #: The shipped config of each env (its PPO settings: epochs, minibatches, learning rate); any
@@ -63,6 +63,41 @@ def rollout_rate(job: dict) -> float:
     first, *rest = job["records"]
     per_rollout = first["env_steps"]  # every rollout is the same size
     return per_rollout * len(rest) / sum(r["rollout_s"] for r in rest)
+
+
+def curves(job: dict) -> dict[str, list[float]]:
+    """Per iteration: env steps so far, the return of the last 20 episodes, seconds."""
+    records = [r for r in job["records"] if r["return_recent"] is not None]
+    return {
+        "env_steps": [r["env_steps"] for r in records],
+        "return_recent": [r["return_recent"] for r in records],
+        "iteration_s": [r["iteration_s"] for r in records],
+    }
+
+
+def plot_async(
+    sync: dict[str, list[float]], asynchronous: dict[str, list[float]], env_id: str, path: Path
+) -> None:
+    """Return against env steps (equal data: is async's staleness costing learning?) and each
+    iteration's seconds, synchronous and asynchronous updates."""
+    runs = {"sync updates": sync, "async updates": asynchronous}
+    plot_curves(
+        path,
+        f"embodied PPO on {env_id}: asynchronous against synchronous parameter updates",
+        [
+            (
+                "env steps",
+                "return (last 20 episodes)",
+                {k: (c["env_steps"], c["return_recent"]) for k, c in runs.items()},
+            ),
+            (
+                "env steps",
+                "seconds per iteration",
+                {k: (c["env_steps"], c["iteration_s"]) for k, c in runs.items()},
+            ),
+        ],
+    )
+    print(f"curves: {path}")
 
 
 def vector_env_rate(config: Path, env_id: str, instances: int, steps: int) -> float:
@@ -114,6 +149,9 @@ def main() -> int:
         "long an update trains, hence what async updates can overlap)",
     )
     parser.add_argument("--json", help="write ratios and raw figures here")
+    parser.add_argument(
+        "--png", help="async/sync curves (default: bench_embodied_curves.png beside --json, else here)"
+    )
     args = parser.parse_args()
     config = args.config or CONFIGS.get(args.env, CONFIGS["CartPole-v1"])
     base = [
@@ -160,7 +198,12 @@ def main() -> int:
         "sync_return_end": pipelined["summary"]["return_end"],
         "async_return_end": asynchronous["summary"]["return_end"],
         "cpus": len(os.sched_getaffinity(0)),
+        "sync_curve": curves(pipelined),
+        "async_curve": curves(asynchronous),
     }
+    default = Path(args.json).with_name(Path(args.json).stem + "_curves.png") if args.json else None
+    png = Path(args.png) if args.png else default or Path("bench_embodied_curves.png")
+    plot_async(raw["sync_curve"], raw["async_curve"], args.env, png)
     rows, ok = check_ratios(ratios, REQUIRED, not_yet_met=tuple(REQUIRED))  # see BENCHMARKS.md
     from rich.console import Console
     from rich.table import Table
@@ -172,6 +215,8 @@ def main() -> int:
         table.add_row(*row)
     Console().print(table)
     for key, value in raw.items():
+        if key.endswith("_curve"):
+            continue
         print(f"  {key}: {value:.3f}" if isinstance(value, float) else f"  {key}: {value}")
     write_json(args.json, {"ratios": ratios, "raw": raw})
     return 0 if ok else 1

@@ -72,7 +72,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchlib import check_ratios, write_json
+from benchlib import check_ratios, plot_curves, write_json
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -287,25 +287,13 @@ def run_mode(config: Path, out: Path, mode: str, ranks: int, sets: list[str]) ->
 
 
 def plot(raw: dict[str, dict[str, dict[str, Any]]], profile: str, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    curves = {}
     for mode in MODES:
         points = sorted((int(r), v[mode]["step_s"]) for r, v in raw[profile].items() if mode in v)
         if points:
-            ax.plot(*zip(*points, strict=True), marker="o", label=mode)
-    ax.set_xlabel("ranks (coordinator + emulated devices)")
-    ax.set_ylabel("step time (s, emulated at time scale)")
-    ax.set_title(f"EMULATION: {profile} step time vs ranks")
-    ax.set_xscale("log", base=2)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+            curves[mode] = ([p[0] for p in points], [p[1] for p in points])
+    panel = ("ranks (coordinator + emulated devices)", "step time (s, emulated at time scale)", curves)
+    plot_curves(path, f"EMULATION: {profile} step time vs ranks", [panel], log2_x=True)
 
 
 def main() -> int:

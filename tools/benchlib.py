@@ -10,6 +10,9 @@ from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
+#: One panel of `plot_curves`: (x label, y label, {curve label: (xs, ys)}).
+Panel = tuple[str, str, Mapping[str, tuple[list[float], list[float]]]]
+
 
 def check_ratios(
     ratios: Mapping[str, float],
@@ -47,3 +50,27 @@ def median_time(action: Callable[[], object], repeats: int = 5, warmup: bool = T
         action()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def plot_curves(path: str | Path, title: str, panels: list[Panel], log2_x: bool = False) -> None:
+    """Line plots side by side, one per panel, written as a PNG (headless: Agg)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.3), squeeze=False)
+    for ax, (xlabel, ylabel, curves) in zip(axes[0], panels, strict=True):
+        for label, (xs, ys) in curves.items():
+            if xs:
+                ax.plot(xs, ys, marker="o", markersize=3, label=label)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        if log2_x:
+            ax.set_xscale("log", base=2)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
