@@ -148,12 +148,16 @@ def test_bench_embodied_writes_every_ratio(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     command = [str(BIN / "python"), str(REPO / "tools" / "bench_embodied.py"), "--env", "CartPole-v1"]
     command += ["--iterations", "2", "--envs-per-rank", "2", "--rollout-steps", "8", "--json", str(out)]
-    result = run_command(command, timeout=300)
+    result = run_command([*command, "--repeats", "2"], timeout=400)
     assert result.returncode in (0, 1), result.output  # 1 = a bound missed (tiny workload)
     data = json.loads(out.read_text())
     assert set(data["ratios"]) == {"split_vs_vector_env", "pipelined_vs_unpipelined", "async_vs_sync"}
     assert all(v > 0 for v in data["ratios"].values())
     assert data["raw"]["vector_env_steps_per_s"] > 0 and data["raw"]["env"] == "CartPole-v1"
+    rounds = data["raw"]["async_vs_sync_rounds"]  # the reported ratio is of the rounds' medians
+    assert (
+        len(rounds) == 2 and min(rounds) * 0.9999 <= data["ratios"]["async_vs_sync"] <= max(rounds) * 1.0001
+    )
     for curve in (data["raw"]["sync_curve"], data["raw"]["async_curve"]):  # iterations with returns
         assert len(curve["env_steps"]) == len(curve["return_recent"]) == len(curve["iteration_s"]) <= 2
     png = tmp_path / "bench_curves.png"  # beside --json

@@ -1,7 +1,7 @@
 """Embodied PPO: env steps/s of the env/policy split against gymnasium's own vector env, the
 split with and without pipelining, and asynchronous against synchronous parameter updates.
 
-    python tools/bench_embodied.py [--env Hopper-v5] [--iterations 12] [--json out.json]
+    python tools/bench_embodied.py [--env Hopper-v5] [--iterations 12] [--repeats 3] [--json out.json]
 
 Ratios (required bounds in REQUIRED):
 - ``split_vs_vector_env``: rollout env steps/s of the job (2 env ranks, 1 policy rank, 2
@@ -15,6 +15,11 @@ Each job runs the env's shipped config (`CONFIGS`; Hopper: 10 epochs x 16 miniba
 baselines for MuJoCo train) with the env count and rollout length above; async updates can only
 overlap what the update trains, so a config with little training (CartPole's 4 x 4) bounds
 ``async_vs_sync`` near 1 + train / rollout whatever the runtime does.
+
+``--repeats N`` runs the three jobs N times, alternated, and takes each figure's median (each
+round's ratios are in the JSON): on a 2-core box one job's seconds per update swing by 20-30%
+with what else the box does. ``--png`` (default beside ``--json``): return against env steps and
+seconds per iteration, sync and async, from the first round.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -148,39 +154,52 @@ def main() -> int:
         help="job config (default: the env's shipped config, see CONFIGS; its [ppo] decides how "
         "long an update trains, hence what async updates can overlap)",
     )
+    parser.add_argument(
+        "--repeats", type=int, default=1,
+        help="rounds of the three jobs, alternated; the ratios are of the rounds' medians",
+    )  # fmt: skip
     parser.add_argument("--json", help="write ratios and raw figures here")
     parser.add_argument(
         "--png", help="async/sync curves (default: bench_embodied_curves.png beside --json, else here)"
     )
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error("--repeats must be >= 1")
     config = args.config or CONFIGS.get(args.env, CONFIGS["CartPole-v1"])
     base = [
         f"env.envs_per_rank={args.envs_per_rank}",
         f"ppo.rollout_steps={args.rollout_steps}",
         f"ppo.policy_batching={args.policy_batching}",
     ]
+    variants = {
+        "pipelined": [*base, "env.pipeline_stages=2"],
+        "unpipelined": [*base, "env.pipeline_stages=1"],
+        "async": [*base, "env.pipeline_stages=2", "ppo.async_updates=true"],
+    }
+    rounds: list[dict[str, float]] = []
+    first: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        pipelined = run_job(
-            config, args.env, args.iterations, root / "pipelined", [*base, "env.pipeline_stages=2"]
-        )
-        unpipelined = run_job(
-            config, args.env, args.iterations, root / "unpipelined", [*base, "env.pipeline_stages=1"]
-        )
-        asynchronous = run_job(
-            config,
-            args.env,
-            args.iterations,
-            root / "async",
-            [*base, "env.pipeline_stages=2", "ppo.async_updates=true"],
-        )
-    vector = vector_env_rate(config, args.env, 2 * args.envs_per_rank, args.rollout_steps * 2)
-    split = rollout_rate(pipelined)
-    sync_update = pipelined["summary"]["mean_iteration_s"]
-    async_update = asynchronous["summary"]["mean_iteration_s"]
+        for index in range(args.repeats):  # alternated: a quiet or busy minute of the box hits all
+            jobs = {
+                name: run_job(config, args.env, args.iterations, Path(tmp) / f"{name}-{index}", sets)
+                for name, sets in variants.items()
+            }
+            first = first or jobs
+            rounds.append({
+                "split": rollout_rate(jobs["pipelined"]),
+                "unpipelined": rollout_rate(jobs["unpipelined"]),
+                "vector": vector_env_rate(config, args.env, 2 * args.envs_per_rank, args.rollout_steps * 2),
+                "sync_update": jobs["pipelined"]["summary"]["mean_iteration_s"],
+                "async_update": jobs["async"]["summary"]["mean_iteration_s"],
+            })  # fmt: skip
+    split, unpipelined, vector, sync_update, async_update = (
+        statistics.median(r[k] for r in rounds)
+        for k in ("split", "unpipelined", "vector", "sync_update", "async_update")
+    )
+    pipelined, asynchronous = first["pipelined"], first["async"]
     ratios = {
         "split_vs_vector_env": split / vector,
-        "pipelined_vs_unpipelined": split / rollout_rate(unpipelined),
+        "pipelined_vs_unpipelined": split / unpipelined,
         "async_vs_sync": sync_update / async_update,
     }
     raw = {
@@ -190,14 +209,19 @@ def main() -> int:
         / max(1, len(pipelined["records"]) - 1),
         "policy_batching": args.policy_batching,
         "env_steps_per_iteration": 2 * args.envs_per_rank * args.rollout_steps,
+        "repeats": args.repeats,
         "split_rollout_steps_per_s": split,
-        "unpipelined_rollout_steps_per_s": rollout_rate(unpipelined),
+        "unpipelined_rollout_steps_per_s": unpipelined,
         "vector_env_steps_per_s": vector,
         "sync_s_per_update": sync_update,
         "async_s_per_update": async_update,
         "sync_return_end": pipelined["summary"]["return_end"],
         "async_return_end": asynchronous["summary"]["return_end"],
         "cpus": len(os.sched_getaffinity(0)),
+        # each round's ratios (the medians above make the reported ones)
+        "async_vs_sync_rounds": [r["sync_update"] / r["async_update"] for r in rounds],
+        "pipelined_vs_unpipelined_rounds": [r["split"] / r["unpipelined"] for r in rounds],
+        "split_vs_vector_env_rounds": [r["split"] / r["vector"] for r in rounds],
         "sync_curve": curves(pipelined),
         "async_curve": curves(asynchronous),
     }

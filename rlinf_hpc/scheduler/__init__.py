@@ -3,8 +3,9 @@
 from rlinf_hpc.scheduler.coordinator import Coordinator
 from rlinf_hpc.scheduler.futures import CallFuture, GroupFuture
 from rlinf_hpc.scheduler.group import ComponentGroup
-from rlinf_hpc.scheduler.pipeline import Pipeline, RunningStep, StepResult, start_steps
+from rlinf_hpc.scheduler.pipeline import Pipeline, StepResult
 from rlinf_hpc.scheduler.placement import Placement, effective_device, placement_rows, plan_placement
+from rlinf_hpc.scheduler.steps import RunningStep, start_steps
 
 __all__ = [
     "CallFuture",

@@ -14,7 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rlinf_hpc.scheduler.pipeline import Pipeline, StepResult, start_steps
+from rlinf_hpc.scheduler.pipeline import Pipeline, StepResult
+from rlinf_hpc.scheduler.steps import start_steps
 
 #: ``items_of(step) -> (items, weights)``: the items of a step for the generation pipeline.
 ItemsOf = Callable[[int], tuple[list[Any], list[float] | None]]
