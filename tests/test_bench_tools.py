@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import doctest
+import importlib
 import json
 import sys
 from pathlib import Path
@@ -217,3 +219,15 @@ def test_bench_scale_runs_the_emulated_cluster_and_writes_every_ratio(tmp_path: 
         e["component"]: e["bound"] for e in map(json.loads, events) if e["event"] == "micro_batch_bound"
     }
     assert bounds == {"rollout": 330, "inference": 396, "actor": 49}  # 0.3 x (80 GB - state) / per sample
+
+
+@pytest.mark.parametrize("name", ["bench_e2e", "bench_scale"])
+def test_the_benchmarks_examples_hold(name: str) -> None:
+    """The doctests of tools/ (pytest collects rlinf_hpc's and tests', not these): bench_scale's
+    ceiling, bench_e2e's accuracy comparison."""
+    sys.path.insert(0, str(REPO / "tools"))
+    try:
+        result = doctest.testmod(importlib.import_module(name))
+    finally:
+        sys.path.remove(str(REPO / "tools"))
+    assert result.attempted > 0 and result.failed == 0

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -47,6 +48,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import tomllib
 from benchlib import check_ratios, plot_curves, write_json
 
 REPO = Path(__file__).resolve().parents[1]
@@ -142,6 +144,7 @@ def run_accuracy(steps: int, out: Path, extra: list[str]) -> dict[str, Any]:
         print(f"running the main job {name}, {steps} steps ...", flush=True)
         metrics = _job(out / f"main-{name}", 5, [f"grpo.steps={steps}", *extra, *sets], name)
         start = json.loads((out / f"main-{name}" / "summary.json").read_text())["eval_accuracy_start"]
+        eval_size = tomllib.loads((out / f"main-{name}" / "config.toml").read_text())["task"]["eval_size"]
         measured = metrics[2:-1]
         elapsed, clock = [], 0.0
         for m in metrics:
@@ -151,6 +154,7 @@ def run_accuracy(steps: int, out: Path, extra: list[str]) -> dict[str, Any]:
             "step_s": sum(m["step_s"] for m in measured) / len(measured),
             "eval_accuracy_end": metrics[-1]["eval_accuracy"],
             "evals": [(m["step"], m["eval_accuracy"]) for m in metrics if "eval_accuracy" in m],
+            "eval_size": eval_size,
             # (step, seconds of steps and syncs so far, held-out accuracy) at each evaluation
             "eval_times": [(0, 0.0, start)]
             + [
@@ -162,6 +166,32 @@ def run_accuracy(steps: int, out: Path, extra: list[str]) -> dict[str, Any]:
             "rewards": [m["reward"] for m in metrics],
         }
     return found
+
+
+def compare_accuracy(on: dict[str, Any], off: dict[str, Any]) -> dict[str, float]:
+    """How far one evaluation's delta can be trusted: its standard error (two independent
+    binomial estimates on ``eval_size`` problems), and the mean delta over the evaluations of
+    the run's second half (at equal steps), a steadier reading than the last one alone.
+
+    >>> on = {"eval_size": 200, "eval_times": [(0, 0.0, 0.3), (10, 1.0, 0.6), (20, 2.0, 0.7)]}
+    >>> off = {**on, "eval_times": [(0, 0.0, 0.3), (10, 1.0, 0.5), (20, 2.0, 0.75)]}
+    >>> c = compare_accuracy(on, off)
+    >>> c["delta_end_points"], c["delta_end_stderr_points"], c["delta_second_half_points"]
+    (5.0, 4.46, 5.0)
+    """
+    p, q = on["eval_times"][-1][2], off["eval_times"][-1][2]
+    last = on["eval_times"][-1][0]
+    deltas = [
+        b[2] - a[2]
+        for a, b in zip(on["eval_times"], off["eval_times"], strict=True)
+        if a[0] == b[0] and 2 * a[0] > last
+    ]
+    return {
+        "delta_end_points": round(100 * (q - p), 4),
+        "delta_end_stderr_points": round(100 * math.sqrt((p * (1 - p) + q * (1 - q)) / on["eval_size"]), 2),
+        "delta_second_half_points": round(100 * sum(deltas) / len(deltas), 4) if deltas else float("nan"),
+        "evals_second_half": len(deltas),
+    }
 
 
 def plot_accuracy(accuracy: dict[str, Any], path: Path) -> None:
@@ -230,8 +260,19 @@ def main() -> int:
     if accuracy is not None:
         on, off = accuracy["on_policy"], accuracy["off_policy"]
         ratios["main_job_off_policy_vs_on_policy"] = on["step_s"] / off["step_s"]
-        ratios["off_policy_accuracy_delta"] = 100 * (off["eval_accuracy_end"] - on["eval_accuracy_end"])
+        # in points, rounded: 140/200 - 150/200 is -5 points, not -5.000000000000004
+        ratios["off_policy_accuracy_delta"] = round(
+            100 * (off["eval_accuracy_end"] - on["eval_accuracy_end"]), 4
+        )
+        accuracy["comparison"] = compare = compare_accuracy(on, off)
         raw["main_job"] = accuracy
+        print(
+            f"held-out accuracy, off-policy - on-policy: {compare['delta_end_points']:+.1f} points at the "
+            "last evaluation (standard error of one such difference "
+            f"{compare['delta_end_stderr_points']:.1f}), "
+            f"{compare['delta_second_half_points']:+.1f} on average over the {compare['evals_second_half']} "
+            "evaluations of the second half"
+        )
         default = Path(args.json).with_name(Path(args.json).stem + "_curves.png") if args.json else None
         plot_accuracy(accuracy, Path(args.png) if args.png else default or Path("bench_e2e_curves.png"))
     print_table(
