@@ -236,6 +236,8 @@ def main() -> int:
         "beside --json, else in the current directory)",
     )  # fmt: skip
     args = parser.parse_args()
+    if args.png and not args.accuracy_steps:
+        parser.error("--png draws the --accuracy-steps runs' curves: give --accuracy-steps N too")
     if args.steps < 5:
         parser.error("--steps must be >= 5 (auto warms up for 2 steps; the first 2-3 are not measured)")
     sys.path.insert(0, str(REPO))
