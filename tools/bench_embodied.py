@@ -16,9 +16,9 @@ baselines for MuJoCo train) with the env count and rollout length above; async u
 overlap what the update trains, so a config with little training (CartPole's 4 x 4) bounds
 ``async_vs_sync`` near 1 + train / rollout whatever the runtime does.
 
-``--repeats N`` runs the three jobs N times, alternated, and takes each figure's median (each
-round's ratios are in the JSON): on a 2-core box one job's seconds per update swing by 20-30%
-with what else the box does. ``--png`` (default beside ``--json``): return against env steps and
+``--repeats N`` (default 3, ~5 minutes for Hopper) runs the three jobs N times, alternated, and
+takes each figure's median (each round's ratios are in the JSON): on a 2-core box one job's
+seconds per update swing by 20-50% within minutes. ``--png`` (default beside ``--json``): return against env steps and
 seconds per iteration, sync and async, from the first round.
 """
 
@@ -155,7 +155,7 @@ def main() -> int:
         "long an update trains, hence what async updates can overlap)",
     )
     parser.add_argument(
-        "--repeats", type=int, default=1,
+        "--repeats", type=int, default=3,
         help="rounds of the three jobs, alternated; the ratios are of the rounds' medians",
     )  # fmt: skip
     parser.add_argument("--json", help="write ratios and raw figures here")
