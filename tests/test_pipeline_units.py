@@ -212,3 +212,79 @@ def test_a_reporting_engine_becomes_an_engine_model() -> None:
     # a stage that did not report (or not on every rank) has no model
     replies[0][0]["engine"] = None
     assert profiles_from_step(pipe, StepResult(1, [], {}, 1.0, "auto", [], replies))[0].engine is None
+
+
+class _Trickle:
+    """A channel's consumer side whose items arrive one every ``gap_s`` seconds, then the end."""
+
+    def __init__(self, count: int, gap_s: float) -> None:
+        self.arrivals = [time.monotonic() + (i + 1) * gap_s for i in range(count)]
+        self.next = 0
+
+    def get_batch(self, max_items=None, add_to_last=False, timeout=None, **_):
+        from rlinf_hpc.channel import EndOfStream
+        from rlinf_hpc.errors import CommTimeoutError
+
+        started = time.monotonic()
+        while True:
+            if self.next >= len(self.arrivals):
+                raise EndOfStream("closed")
+            here = sum(1 for t in self.arrivals[self.next :] if t <= time.monotonic())
+            if here:
+                taken = min(here, max_items)
+                self.next += taken
+                return list(range(self.next - taken, self.next))
+            if timeout is not None and time.monotonic() - started > timeout:
+                raise CommTimeoutError("nothing came")
+            time.sleep(0.001)
+
+
+class _BatchBoundWorker:
+    """Just what the stage loop reads of a worker; ``process`` costs 5 ms per item."""
+
+    component = "reward"
+    comm = SimpleNamespace(span_hook=None)
+    sample_memory = SimpleNamespace(start=lambda: None, stop=lambda n: None)
+    log = SimpleNamespace(info=lambda *a: None)
+
+    def __init__(self) -> None:
+        self.stage_sizes: dict = {}
+        self.elastic_knowledge: dict = {}
+
+    def memory_fraction(self) -> float:
+        return 0.0
+
+    def process(self, batch):
+        time.sleep(0.005 * len(batch))
+        return batch
+
+
+@pytest.mark.parametrize("elastic", [True, False])
+def test_a_batch_bound_stage_waits_for_a_full_micro_batch_no_longer_than_one_takes(elastic: bool) -> None:
+    """Items trickle in every 30 ms to a stage found batch-bound (smaller micro-batches cost
+    more per item: it waits for full ones) whose full micro-batch of 8 takes 40 ms: elastic, it
+    waits ~40 ms for the rest and goes on with what came (the last responses of a long tail
+    must not wait for the stream's end); with fixed micro-batches (the baseline) it waits."""
+    from rlinf_hpc.scheduler.protocol import StageSpec
+    from rlinf_hpc.workers.stage import _run_micro_batches
+
+    worker, out = _BatchBoundWorker(), []
+    spec = StageSpec(
+        "process", "in", None, micro_batch=8, min_micro_batch=2, max_micro_batch=8, elastic=elastic
+    )
+    key = (spec.method, spec.min_micro_batch, spec.max_micro_batch, spec.micro_batch)
+    # what earlier steps learnt: 8 at 5 ms per item; 4 costs twice as much per item, so no smaller
+    per_item = {8: (0.04, 8, 8.0), 4: (0.04, 4, 4.0)}
+    worker.elastic_knowledge[key] = {
+        "per_item": per_item,
+        "floor": 8,
+        "ceiling": 8,
+        "trial": None,
+        "since": 0,
+    }
+    ran = _run_micro_batches(worker, spec, worker.process, _Trickle(16, 0.03), None, out.extend)
+    assert sum(ran["micro_batches"]) == 16 and out == list(range(16))
+    if elastic:
+        assert max(ran["micro_batches"]) <= 3, ran["micro_batches"]  # ~40 ms of waiting: 1-2 items
+    else:
+        assert ran["micro_batches"] == [8, 8]

@@ -18,8 +18,8 @@ overlap what the update trains, so a config with little training (CartPole's 4 x
 
 ``--repeats N`` (default 3, ~5 minutes for Hopper) runs the three jobs N times, alternated, and
 takes each figure's median (each round's ratios are in the JSON): on a 2-core box one job's
-seconds per update swing by 20-50% within minutes. ``--png`` (default beside ``--json``): return against env steps and
-seconds per iteration, sync and async, from the first round.
+seconds per update swing by 20-50% within minutes. ``--png`` (default beside ``--json``):
+return against env steps and seconds per iteration, sync and async, from the first round.
 """
 
 from __future__ import annotations

@@ -116,6 +116,27 @@ class ElasticBatching:
         while the others took the rest one by one."""
         return self._k["floor"] > self.minimum
 
+    def fill_wait_s(self) -> float | None:
+        """How long a batch-bound stage waits for its micro-batch to fill: the time a full one
+        takes, from the per-item cost measured at this size (None if not measured yet: wait
+        until full). Waiting longer than a call costs cannot pay (the ski-rental rule: at most
+        twice the cost of the best choice made knowing when the items come), while a stream
+        that trickles — the last responses of a long-tailed generation, a few at a time — would
+        otherwise hold its last micro-batch until the stream's end.
+
+        >>> bound = ElasticBatching(minimum=8, maximum=128, size=32)
+        >>> bound.fill_wait_s() is None
+        True
+        >>> _ = bound.update(0.0, 0.3, items=32, seconds=0.4)
+        >>> round(bound.fill_wait_s(), 3)  # 32 items at 12.5 ms each
+        0.4
+        """
+        measured = self._k["per_item"].get(_bucket(self.size))
+        if measured is None:
+            return None
+        seconds, items = measured[0], measured[1]
+        return seconds / max(items, 1) * self.size
+
     def _ratios(self, a: int, b: int) -> tuple[float, float] | None:
         """Time per item at size ``a`` over that at ``b``, and the same per unit of weight:
         (the smaller, the larger) of the two; None if a size was not measured. A size counts

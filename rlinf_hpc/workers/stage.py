@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from rlinf_hpc.channel import Channel, EndOfStream
+from rlinf_hpc.errors import CommTimeoutError
 from rlinf_hpc.scheduler.elastic import ElasticBatching
 from rlinf_hpc.scheduler.protocol import StageSpec
 from rlinf_hpc.workers.continuous import run_continuous
@@ -112,8 +113,19 @@ def _run_micro_batches(
         try:
             batch = source.get_batch(max_items=batching.size)
             full = not spec.elastic or batching.batch_bound  # wait for a full micro-batch
+            # fixed micro-batches are full (the baseline's rule); an elastic batch-bound stage
+            # waits for the rest at most as long as a full micro-batch takes (`fill_wait_s`)
+            patience = batching.fill_wait_s() if spec.elastic else None
+            deadline = None if patience is None else time.monotonic() + patience
             while full and len(batch) < batching.size:
-                batch += source.get_batch(max_items=batching.size - len(batch), add_to_last=True)
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    break
+                more = batching.size - len(batch)
+                try:
+                    batch += source.get_batch(max_items=more, add_to_last=True, timeout=left)
+                except CommTimeoutError:
+                    break
         except EndOfStream:
             ended = True
         if not batch:
