@@ -109,8 +109,9 @@ class ElasticBatching:
 
     @property
     def batch_bound(self) -> bool:
-        """Whether smaller micro-batches were found to cost more per item: such a stage should
-        wait for full micro-batches, since a short one costs nearly as much as a full one.
+        """Whether smaller micro-batches were found to cost more per item: such a stage waits
+        for full micro-batches (for at most `fill_wait_s`), since a short one costs nearly as
+        much as a full one.
         A larger size merely on trial does not count: a last stage trying it while several
         ranks share its stream held the items it waited for (up to the end of the stream),
         while the others took the rest one by one."""
@@ -119,10 +120,10 @@ class ElasticBatching:
     def fill_wait_s(self) -> float | None:
         """How long a batch-bound stage waits for its micro-batch to fill: the time a full one
         takes, from the per-item cost measured at this size (None if not measured yet: wait
-        until full). Waiting longer than a call costs cannot pay (the ski-rental rule: at most
-        twice the cost of the best choice made knowing when the items come), while a stream
-        that trickles — the last responses of a long-tailed generation, a few at a time — would
-        otherwise hold its last micro-batch until the stream's end.
+        until full). The ski-rental rule of thumb: wait no longer than going on without the rest
+        would cost (at most one more call), while a stream that trickles — the last responses of
+        a long-tailed generation, a few at a time — would otherwise hold its last micro-batch
+        until the stream's end.
 
         >>> bound = ElasticBatching(minimum=8, maximum=128, size=32)
         >>> bound.fill_wait_s() is None
