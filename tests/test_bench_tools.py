@@ -221,10 +221,10 @@ def test_bench_scale_runs_the_emulated_cluster_and_writes_every_ratio(tmp_path: 
     assert bounds == {"rollout": 330, "inference": 396, "actor": 49}  # 0.3 x (80 GB - state) / per sample
 
 
-@pytest.mark.parametrize("name", ["bench_e2e", "bench_scale"])
+@pytest.mark.parametrize("name", ["bench_e2e", "bench_scale", "benchlib"])
 def test_the_benchmarks_examples_hold(name: str) -> None:
     """The doctests of tools/ (pytest collects rlinf_hpc's and tests', not these): bench_scale's
-    ceiling, bench_e2e's accuracy comparison."""
+    ceiling, bench_e2e's accuracy comparison, benchlib's curves path."""
     sys.path.insert(0, str(REPO / "tools"))
     try:
         result = doctest.testmod(importlib.import_module(name))

@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import tomllib
-from benchlib import check_ratios, plot_curves, write_json
+from benchlib import check_ratios, curves_path, plot_curves, write_json
 
 REPO = Path(__file__).resolve().parents[1]
 REQUIRED = {
@@ -163,7 +163,6 @@ def run_accuracy(steps: int, out: Path, extra: list[str]) -> dict[str, Any]:
                 if "eval_accuracy" in m
             ],
             "step_times": [m["step_s"] for m in metrics],
-            "rewards": [m["reward"] for m in metrics],
         }
     return found
 
@@ -262,11 +261,9 @@ def main() -> int:
     if accuracy is not None:
         on, off = accuracy["on_policy"], accuracy["off_policy"]
         ratios["main_job_off_policy_vs_on_policy"] = on["step_s"] / off["step_s"]
-        # in points, rounded: 140/200 - 150/200 is -5 points, not -5.000000000000004
-        ratios["off_policy_accuracy_delta"] = round(
-            100 * (off["eval_accuracy_end"] - on["eval_accuracy_end"]), 4
-        )
         accuracy["comparison"] = compare = compare_accuracy(on, off)
+        # in points, rounded: 140/200 - 150/200 is -5 points, not -5.000000000000004
+        ratios["off_policy_accuracy_delta"] = compare["delta_end_points"]
         raw["main_job"] = accuracy
         print(
             f"held-out accuracy, off-policy - on-policy: {compare['delta_end_points']:+.1f} points at the "
@@ -275,8 +272,7 @@ def main() -> int:
             f"{compare['delta_second_half_points']:+.1f} on average over the {compare['evals_second_half']} "
             "evaluations of the second half"
         )
-        default = Path(args.json).with_name(Path(args.json).stem + "_curves.png") if args.json else None
-        plot_accuracy(accuracy, Path(args.png) if args.png else default or Path("bench_e2e_curves.png"))
+        plot_accuracy(accuracy, curves_path(args.png, args.json, "bench_e2e_curves.png"))
     print_table(
         f"math GRPO tiny, {args.np} ranks, {args.steps} steps per mode (best of ours: {best})",
         ["mode", "placement", "step s", "tokens/s", "bubble", "switch s", "sync s"],

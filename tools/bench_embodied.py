@@ -34,7 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchlib import check_ratios, plot_curves, write_json
+from benchlib import check_ratios, curves_path, plot_curves, write_json
 
 REPO = Path(__file__).resolve().parents[1]
 #: The shipped config of each env (its PPO settings: epochs, minibatches, learning rate); any
@@ -225,8 +225,7 @@ def main() -> int:
         "sync_curve": curves(pipelined),
         "async_curve": curves(asynchronous),
     }
-    default = Path(args.json).with_name(Path(args.json).stem + "_curves.png") if args.json else None
-    png = Path(args.png) if args.png else default or Path("bench_embodied_curves.png")
+    png = curves_path(args.png, args.json, "bench_embodied_curves.png")
     plot_async(raw["sync_curve"], raw["async_curve"], args.env, png)
     rows, ok = check_ratios(ratios, REQUIRED, not_yet_met=tuple(REQUIRED))  # see BENCHMARKS.md
     from rich.console import Console

@@ -52,6 +52,20 @@ def median_time(action: Callable[[], object], repeats: int = 5, warmup: bool = T
     return statistics.median(times)
 
 
+def curves_path(png: str | None, json_path: str | None, fallback: str) -> Path:
+    """Where a bench draws its curves: ``--png``, else beside ``--json`` (``<stem>_curves.png``),
+    else ``fallback`` in the current directory.
+
+    >>> str(curves_path(None, "out/bench.json", "x.png")), str(curves_path(None, None, "x.png"))
+    ('out/bench_curves.png', 'x.png')
+    """
+    if png:
+        return Path(png)
+    if json_path:
+        return Path(json_path).with_name(Path(json_path).stem + "_curves.png")
+    return Path(fallback)
+
+
 def plot_curves(path: str | Path, title: str, panels: list[Panel], log2_x: bool = False) -> None:
     """Line plots side by side, one per panel, written as a PNG (headless: Agg)."""
     import matplotlib
