@@ -152,6 +152,23 @@ def test_the_last_item_takes_as_long_through_a_stage_as_its_last_micro_batch_did
     assert placement_time([generate, heavy], 64, 4, sets) == pytest.approx(0.4 + 32.0)
 
 
+def test_a_drain_measured_on_a_whole_share_does_not_stretch_a_pipeline_of_small_micro_batches() -> None:
+    """``auto`` measures its warm-up collocated, where a stage's last micro-batch is a rank's
+    whole share (23 items, 0.62 s of training at 24 emulated ranks, a profile not ours), and
+    predicts disaggregated with micro-batches of 4: taken as the last item's way through the
+    trainer, those 0.62 s made every split look 0.3 s slower, and auto stayed collocated at
+    1.20 s while the hand split ran 1.01 s (``auto_vs_best`` 0.85). Measured on more items
+    than the prediction's micro-batch, the drain counts per item."""
+    generate, train = PhaseProfile("generate", 0.1), PhaseProfile("train", 0.027)
+    whole_share = PhaseProfile("train", 0.027, drain_seconds=0.62, drain_items=23)
+    sets = [{1}, {2}]
+    plain = placement_time([generate, train], 64, 4, sets)
+    assert placement_time([generate, whole_share], 64, 4, sets) == pytest.approx(plain)
+    # measured on micro-batches as small as the prediction's, the drain counts whole
+    tail = PhaseProfile("train", 0.027, drain_seconds=0.62, drain_items=4)
+    assert placement_time([generate, tail], 64, 4, sets) == pytest.approx(6.4 + 0.62)
+
+
 def test_the_feed_before_the_first_stage_delays_the_whole_step() -> None:
     """A first stage that waits for full micro-batches waits for the coordinator's feed first
     (0.2-0.6 s at 32 emulated ranks with micro-batches of 32); every path through the step

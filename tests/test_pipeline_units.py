@@ -84,6 +84,7 @@ def test_auto_profiles_are_per_rank_seconds_per_item() -> None:
                 "switch_s": 0.0,
                 "first_wait_s": 1.0,
                 "last_s": 0.05,
+                "last_items": 5,
             },
             {
                 "items": 20,
@@ -92,6 +93,7 @@ def test_auto_profiles_are_per_rank_seconds_per_item() -> None:
                 "switch_s": 0.0,
                 "first_wait_s": 1.0,
                 "last_s": 0.08,
+                "last_items": 4,
             },
         ],
     ]
@@ -109,8 +111,10 @@ def test_auto_profiles_are_per_rank_seconds_per_item() -> None:
         0.0,
         pytest.approx(0.2),
     )
-    # a micro-batched stage's drain: its slowest rank's last micro-batch (an engine has none)
+    # a micro-batched stage's drain: its slowest rank's last micro-batch and its size (an engine
+    # has none)
     assert b.drain_seconds == pytest.approx(0.08) and a.drain_seconds == 0.0
+    assert (b.drain_items, a.drain_items) == (4, 0)
 
 
 def test_host_memory_fraction_reads_meminfo(tmp_path) -> None:

@@ -34,10 +34,10 @@ def profiles_from_step(pipeline: Pipeline, result: StepResult) -> list[PhaseProf
     the slowest rank's busy time over an even share (the stage is done when its last rank is:
     uneven shares and uneven speeds both count); the finish (an optimizer step) and, for a
     continuous stage, the time to its first output are the ranks' means; a micro-batched
-    stage's drain is its slowest rank's last micro-batch. The first stage's ranks start when the
-    coordinator's feed gives them their first micro-batch: the earliest of them is the step's
-    start (``start_seconds``), and each rank's later start counts in its time (the stage is done
-    when its last rank is)."""
+    stage's drain is its slowest rank's last micro-batch (and its size). The first stage's
+    ranks start when the coordinator's feed gives them their first micro-batch: the earliest of
+    them is the step's start (``start_seconds``), and each rank's later start counts in its time
+    (the stage is done when its last rank is)."""
     profiles = []
     for stage, replies in zip(pipeline.stages, result.per_rank, strict=True):
         items = sum(r["items"] for r in replies)
@@ -52,9 +52,11 @@ def profiles_from_step(pipeline: Pipeline, result: StepResult) -> list[PhaseProf
         latency = sum(firsts) / len(firsts) if stage.continuous and firsts else None
         per_item = slowest * len(replies) / max(1, items)
         engine = _engine_model(replies) if stage.continuous else None
-        drain = 0.0 if stage.continuous else max(r.get("last_s", 0.0) for r in replies)
+        drain, drain_items = 0.0, 0
+        if not stage.continuous:  # the slowest rank's last micro-batch, and its items
+            drain, drain_items = max((r.get("last_s", 0.0), r.get("last_items", 0)) for r in replies)
         profile = PhaseProfile(stage.component, per_item, 0.0, switch, finish, latency, engine, start)
-        profiles.append(replace(profile, drain_seconds=drain))
+        profiles.append(replace(profile, drain_seconds=drain, drain_items=drain_items))
     return profiles
 
 

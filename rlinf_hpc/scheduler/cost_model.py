@@ -78,6 +78,23 @@ class PhaseProfile:
     #: last items of a long-tailed stream are its longest responses, so the step's last item
     #: may take longer through the stage than a micro-batch of the mean (0: not measured).
     drain_seconds: float = 0.0
+    #: The items of that micro-batch (0: not known). Predicted at smaller micro-batches, the
+    #: drain shrinks in proportion: a collocated warm-up's last micro-batch is a rank's whole
+    #: share, and its time is not how long the last item takes through micro-batches of 4.
+    drain_items: int = 0
+
+    def drain_at(self, micro_batch: int) -> float:
+        """The drain at micro-batches of ``micro_batch`` items (`drain_seconds`, scaled down
+        when it was measured on a larger micro-batch).
+
+        >>> PhaseProfile("train", 0.03, drain_seconds=0.6, drain_items=20).drain_at(4)
+        0.12
+        >>> PhaseProfile("train", 0.03, drain_seconds=0.6, drain_items=20).drain_at(32)
+        0.6
+        """
+        if 0 < micro_batch < self.drain_items:
+            return round(self.drain_seconds * micro_batch / self.drain_items, 9)
+        return self.drain_seconds
 
     def share_seconds(self, num_items: float, ranks: int) -> float:
         """Time of this phase's whole share on ``ranks`` ranks (its slowest one, for an engine)."""
@@ -273,7 +290,7 @@ def placement_time(
                 one = sizes[i] * p.seconds_per_item + p.overhead_per_micro_batch
                 full.append(math.ceil(num_items / sizes[i]) * one / len(ranks))
                 first.append(one)
-                last.append(max(one, p.drain_seconds))
+                last.append(max(one, p.drain_at(sizes[i])))
         works.append(sum(full))
         firsts.append(first)
         lead = profiles[members[0]]

@@ -171,4 +171,5 @@ def _run_micro_batches(
         "first_wait_s": first_wait_s or 0.0,
         "first_output_s": None,
         "last_s": last_s,  # the last micro-batch: a long-tailed stream's last items are its longest
+        "last_items": sizes[-1] if sizes else 0,
     }
