@@ -159,7 +159,7 @@ class Channel(ProducerSide, ConsumerSide):
             self._hand_over(old, new, timeout)
 
     def _hand_over(self, old: ChannelSpec, new: ChannelSpec, timeout: float) -> None:
-        self._flush_acks(force=True)
+        self._flush_acks(force=True, final=True)
         producers = set(old.producers) | self._forwarders
         start = time.monotonic()
         backoff = Backoff()
@@ -205,7 +205,7 @@ class Channel(ProducerSide, ConsumerSide):
         which producer, on which consumer. Losing items is never silent."""
         lost: list[str] = []
         name_of = self.plane.directory.name_of
-        self._flush_owed_acks()  # producers retiring at the same moment wait for these
+        self._flush_acks(force=True, final=True)  # producers retiring at the same moment wait for these
         if self.is_producer:
             start = time.monotonic()
             backoff = Backoff()

@@ -19,6 +19,7 @@ from rlinf_hpc.channel import (
     channel_for,
     resolve_policy,
 )
+from rlinf_hpc.channel.protocol import END
 from rlinf_hpc.comm import ChannelSpec, CommOptions, DataPlane, Directory
 from rlinf_hpc.comm.mpi import world
 from rlinf_hpc.errors import CommTimeoutError, UserError
@@ -415,6 +416,50 @@ def check_non_blocking_get_returns_what_is_here(size: int) -> None:
     world().Barrier()
 
 
+def check_acks_to_a_closed_producer_leave_with_the_stream_end(size: int) -> None:
+    """A consumer acknowledges what it takes from a producer that has closed the channel only
+    when its stream ends (one message then, not one per take: an engine's acknowledgements to
+    the coordinator's feed delayed the engine's reply behind them), and then all of them."""
+    spec = ChannelSpec("closed-acks", (0,), (1,), "performance_aware", 16)
+    plane = DataPlane(Directory(groups={"consumer": [1]}, world_size=size, channels={"closed-acks": spec}))
+    channel = Channel(plane, "closed-acks")
+    if plane.rank == 0:
+        channel.put_batch(list(range(10)), timeout=30)
+        channel.close()
+        assert plane.recv(1, tag="closed-taken", timeout=30) == "taken"
+        time.sleep(0.2)  # acknowledgements sent per take would have arrived by now
+        channel._take_acks()
+        assert len(channel._outstanding) == 10, channel._outstanding
+        plane.send("checked", 1, tag="closed-checked", timeout=30)
+        assert plane.recv(1, tag="closed-ended", timeout=30) == "ended"
+        deadline = time.monotonic() + 30
+        while channel._outstanding:
+            assert time.monotonic() < deadline, f"acknowledgements never came: {channel._outstanding}"
+            channel._take_acks()
+            time.sleep(0.001)
+        channel.retire()  # nothing lost
+    elif plane.rank == 1:
+        deadline = time.monotonic() + 30
+        while (0, END) not in channel._ended:  # every item is here before the end marker
+            assert time.monotonic() < deadline, "no end marker"
+            channel._receive_available()
+            time.sleep(0.001)
+        got = []
+        while len(got) < 10:
+            got += channel.get_batch(max_items=1, block=False)
+        assert got == list(range(10)), got
+        plane.send("taken", 0, tag="closed-taken", timeout=30)
+        assert plane.recv(0, tag="closed-checked", timeout=30) == "checked"
+        try:
+            channel.get_batch(max_items=1, block=False)
+            raise AssertionError("no EndOfStream after the last item")
+        except EndOfStream:
+            pass
+        plane.send("ended", 0, tag="closed-ended", timeout=30)
+        channel.retire()
+    world().Barrier()
+
+
 def check_put_many(plane: DataPlane, size: int) -> None:
     """`put_many`: each item once and in order per consumer, one message per consumer, no more
     items than the capacity has room for; `put_batch` over a small capacity waits for room."""
@@ -488,6 +533,10 @@ def main() -> int:
         (
             "batch_filled_in_several_gets_measures_its_rate",
             lambda: check_batch_filled_in_several_gets_measures_its_rate(size),
+        ),
+        (
+            "acks_to_a_closed_producer_leave_with_the_stream_end",
+            lambda: check_acks_to_a_closed_producer_leave_with_the_stream_end(size),
         ),
     ]
     return run_checks(checks, "ALL CHANNEL CHECKS OK", "CHANNEL_CHECKS")
