@@ -274,3 +274,35 @@ def test_only_a_stage_found_batch_bound_waits_for_full_micro_batches() -> None:
     for _ in range(2):
         bound.update(0.2, 0.3, items=16, seconds=1.0)  # twice the per-item cost: back, floor 32
     assert bound.size == 32 and bound.batch_bound
+
+
+class _EngineEnds:
+    """An engine model whose engines end at fixed times (whatever their share)."""
+
+    def __init__(self, ends: list[float]) -> None:
+        self._ends = tuple(ends)
+
+    def ends(self, per_engine: float, engines: int) -> tuple[float, ...]:
+        return self._ends
+
+    def spread(self, per_engine: float, engines: int) -> tuple[float, float, float]:
+        return (self._ends[0], sum(self._ends) / len(self._ends), self._ends[-1])
+
+
+def test_a_stage_fed_from_other_ranks_after_an_engine_pools_the_ranks_free_time() -> None:
+    """Hybrid with the trainer on the engines' ranks and the reward apart (a profile not ours,
+    24 emulated ranks): the trainer's input comes from the reward's rank, balanced over the
+    ranks by what each has taken, so ranks whose engines ended early train more while the last
+    engine still generates. Predicted as each rank's engine then an even share of training,
+    the step came out 13% long (1.64 s against 1.45); pooled, 3%."""
+    generate = PhaseProfile("rollout", 0.0, latency_seconds=0.1, engine=_EngineEnds([0.5, 0.5, 0.5, 1.5]))
+    reward, train = PhaseProfile("reward", 0.001), PhaseProfile("actor", 0.01)
+    sets = [{1, 2, 3, 4}, {5}, {1, 2, 3, 4}]
+    # 25 micro-batches of 4 (1.0 s of training): the three early ranks take it while the last
+    # engine runs; the step ends with that engine, its last micro-batch and the reward's
+    assert placement_time([generate, reward, train], 100, 4, sets) == pytest.approx(1.5 + 0.04 + 0.004)
+    # 4.0 s of training: the ranks' free time pooled, (3 x 0.5 + 1.5 + 4.0) / 4
+    assert placement_time([generate, reward, train], 400, 4, sets) == pytest.approx(1.75 + 0.004)
+    # fed from its own ranks (collocated: local), each rank trains on its own responses
+    local = [{1, 2, 3, 4}] * 3
+    assert placement_time([generate, reward, train], 100, 4, local) > 1.5 + 0.25

@@ -248,8 +248,10 @@ def placement_time(
     engine's measured first output, or for a group of several stages everything before its
     last stage plus that one's latency) — but an engine and one stage after it on the same
     ranks have their first output after the *first* engine is done (`EngineModel.spread`):
-    that rank goes on to the stage with its own responses while the others generate. The step
-    takes the
+    that rank goes on to the stage with its own responses while the others generate. An engine
+    group whose later stages are fed from other ranks (hybrid's rollout and inference around
+    the reward) pools its ranks' time after their engines' ends: that input is balanced over
+    the ranks by what each takes, so the ranks free early take more of it. The step takes the
     longest of (one group's work + every other group's latency) — the seed's formula
     ``sum_j t_j + (M - 1) t_b`` when every stage is micro-batched — plus the once-per-step
     finish of the last group's stages.
@@ -291,9 +293,19 @@ def placement_time(
                 full.append(math.ceil(num_items / sizes[i]) * one / len(ranks))
                 first.append(one)
                 last.append(max(one, p.drain_at(sizes[i])))
-        works.append(sum(full))
-        firsts.append(first)
         lead = profiles[members[0]]
+        fed_from_elsewhere = len(members) > 1 and all(i - 1 not in members for i in members[1:])
+        if lead.latency_seconds is not None and fed_from_elsewhere:
+            # An engine whose ranks' later stages are fed from other ranks (hybrid's rollout
+            # and inference around the reward): their input is balanced over the ranks by
+            # what each has taken, so a rank whose engine ended early takes more of it while
+            # the others still generate — the ranks' work is pooled after their engines' ends.
+            ends = lead.share_ends(num_items, len(ranks))
+            pooled = (sum(ends) + sum(full[1:]) * len(ranks)) / len(ranks)
+            works.append(max(ends[-1] + sum(last[1:]), pooled))
+        else:
+            works.append(sum(full))
+        firsts.append(first)
         if len(members) == 2 and lead.latency_seconds is not None:
             # An engine and one stage on its ranks: a rank whose engine is done goes on to that
             # stage with its own responses (the stream between stages on shared ranks is
