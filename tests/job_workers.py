@@ -435,13 +435,15 @@ def grpo_interrupt_flow(coordinator: Coordinator) -> Any:
     if options.get("force_auto") == "disaggregated":  # the tiny job would always stay collocated
         from rlinf_hpc.scheduler import autoplace
 
-        measured = autoplace.predict
+        def forced(measured: Any) -> Any:
+            def predict(*args: Any, **kwargs: Any) -> Any:
+                prediction = measured(*args, **kwargs)
+                return dataclasses.replace(prediction, collocated=2 * prediction.disaggregated + 1.0)
 
-        def predict(*args: Any) -> Any:
-            prediction = measured(*args)
-            return dataclasses.replace(prediction, collocated=2 * prediction.disaggregated + 1.0)
+            return predict
 
-        autoplace.predict = predict  # type: ignore[assignment]
+        autoplace.predict = forced(autoplace.predict)  # type: ignore[assignment]
+        autoplace.predict_ahead = forced(autoplace.predict_ahead)  # type: ignore[assignment]
     result = math_grpo_flow(coordinator)
     _print_digests(coordinator)
     return result

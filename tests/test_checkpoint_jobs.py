@@ -337,12 +337,17 @@ def test_deepspeed_zero2_actor_resumes_bitwise_equal_and_refuses_other_rank_coun
     _assert_same_state(_final(tmp_path / "reference"), _final(run_dir))  # both ZeRO partitions
 
 
-@pytest.mark.slow  # three auto jobs: 2.9 min on a slow box
-def test_auto_resumed_after_it_split_the_ranks_takes_its_placement_back(tmp_path: Path) -> None:
+@pytest.mark.slow  # three auto jobs: 2.9 min on a slow box (off-policy: ~4)
+@pytest.mark.parametrize("off_policy", [False, True], ids=["on-policy", "off-policy"])
+def test_auto_resumed_after_it_split_the_ranks_takes_its_placement_back(
+    tmp_path: Path, off_policy: bool
+) -> None:
     """auto decided "disaggregated" (forced: the tiny job's phases favour collocated) and
     repartitioned; the resume repartitions to the saved groups before loading, re-measures
-    nothing, and ends bitwise equal."""
+    nothing, and ends bitwise equal. Off-policy: the two pipelines were placed as one, and the
+    samples generated ahead are in the checkpoint."""
     np, sets = AUTO
+    sets = [*sets, f"grpo.off_policy_steps={int(off_policy)}"]
     option = 'flow.options={{interrupt="{}", after_step={}, force_auto="disaggregated"}}'
     reference = _job(tmp_path / "reference", np, [*BASE, *sets, option.format("none", 0)])
     assert reference.returncode == 0, reference.output

@@ -12,6 +12,7 @@ from rlinf_hpc.scheduler.cost_model import (
     pipeline_time,
     placement_time,
     predict,
+    predict_ahead,
     split_ranks,
 )
 from rlinf_hpc.scheduler.elastic import ElasticBatching
@@ -306,3 +307,38 @@ def test_a_stage_fed_from_other_ranks_after_an_engine_pools_the_ranks_free_time(
     # fed from its own ranks (collocated: local), each rank trains on its own responses
     local = [{1, 2, 3, 4}] * 3
     assert placement_time([generate, reward, train], 100, 4, local) > 1.5 + 0.25
+
+
+def test_off_policy_auto_splits_the_ranks_so_the_longer_pipeline_is_shortest() -> None:
+    """One-step off-policy: generation and training run at the same time, so the best split
+    is the one whose longer pipeline is shortest — checked against every split by brute force.
+    The on-policy split (its trainer sized to keep pace with the stream of responses) is not
+    it: here it leaves the trainer the long pole, 17% longer."""
+    engine = EngineModel(step_s=0.01, seq_step_s=0.0, slots=16, lengths=(10, 20, 40))
+    rollout = PhaseProfile("rollout", 0.025, latency_seconds=0.1, engine=engine)
+    reward, actor = PhaseProfile("reward", 0.002), PhaseProfile("actor", 0.02, finish_seconds=0.1)
+    items, micro_batch, ranks = 256, 8, 16
+    ahead = predict_ahead([rollout, reward], [actor], (items, items), micro_batch, ranks)
+
+    def apart(shares: tuple[int, int, int]) -> float:
+        gen = [set(range(shares[0])), set(range(100, 100 + shares[1]))]
+        train = [set(range(shares[2]))]
+        return max(
+            placement_time([rollout, reward], items, micro_batch, gen),
+            placement_time([actor], items, micro_batch, train),
+        )
+
+    every = [(g, r, ranks - g - r) for g in range(1, ranks - 1) for r in range(1, ranks - g)]
+    best = min(apart(shares) for shares in every)
+    assert ahead.disaggregated == pytest.approx(best)
+    chosen = tuple(ahead.ranks_per_phase[name] for name in ("rollout", "reward", "actor"))
+    assert sum(chosen) == ranks and apart(chosen) == pytest.approx(best)
+    on_policy = predict([rollout, reward, actor], items, micro_batch, ranks).ranks_per_phase
+    assert apart(tuple(on_policy[name] for name in ("rollout", "reward", "actor"))) > 1.1 * best
+    # collocated: the two pipelines take turns on every rank, their work adds up
+    assert ahead.collocated == pytest.approx(
+        predict([rollout, reward], items, micro_batch, ranks).collocated
+        + predict([actor], items, micro_batch, ranks).collocated
+    )
+    with pytest.raises(ValueError):
+        predict_ahead([rollout, reward], [actor], (0, items), micro_batch, ranks)

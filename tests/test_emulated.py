@@ -210,8 +210,31 @@ def test_one_step_off_policy_generates_the_next_step_while_the_actor_trains(tmp_
     assert len(rollout) == len(actor) == 3  # the first step's generation ran before the loop
     for k in (0, 1):  # on-policy, step k+1's generation would start after step k's update
         assert rollout[k + 1]["start"] < actor[k]["end"], (rollout, actor)
-    bad = rlinf(*args, "--set", "placement.mode=auto", timeout=60)
-    assert bad.returncode == 2 and "runs two pipelines at once" in bad.output, bad.output
+
+
+def test_auto_places_the_two_off_policy_pipelines_as_one(tmp_path: Path) -> None:
+    """placement.mode = "auto" with one-step off-policy: one collocated warm-up of both
+    pipelines, one decision over every stage (the trainer's ranks sized to end with generation,
+    not to keep pace with it), the step after it measured against the prediction."""
+    run = tmp_path / "run"
+    sets = ["emulation.off_policy_steps=1", "placement.mode=auto", "emulation.steps=4"]
+    result = rlinf(*_emulated_args(run, 128, *sets), timeout=240)
+    assert result.returncode == 0, result.output
+    assert "(emulated_gen and emulated_train, placed together)" in result.output
+    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    decided = next(e for e in events if e.get("event") == "auto_placement")
+    assert decided["pipelines"] == ["emulated_gen", "emulated_train"]
+    assert [p["name"] for p in decided["profiles"]] == ["rollout", "reward", "inference", "actor"]
+    shares = decided["ranks_per_phase"]
+    assert sorted(shares) == ["actor", "inference", "reward", "rollout"] and sum(shares.values()) == 7
+    assert min(shares.values()) >= 1
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["policy_lag"] for r in records] == [0, 1, 1, 1]
+    placements = [r["placement"] for r in records]
+    assert placements[:2] == ["auto:warm-up (collocated)"] * 2
+    assert set(placements[2:]) == {f"auto:{decided['choice']}"}
+    measured = next(e for e in events if e.get("event") == "auto_placement_measured")
+    assert measured["choice"] == decided["choice"] and measured["measured_s"] > 0
 
 
 def test_partial_rollouts_train_about_a_steps_samples_with_bounded_lag(tmp_path: Path) -> None:

@@ -27,6 +27,9 @@ responses (lengths are a function of seed and step):
 * ``off_policy``: ``disaggregated`` with one-step off-policy (the actor trains on step t's
   samples while the other stages produce step t+1's); ``off_policy_fixed``: the same with the
   fixed pipeline's micro-batches (the off-policy effect without the elastic controller's);
+  ``off_policy_auto``: one-step off-policy with ``auto``, which places the two pipelines as one
+  (a collocated warm-up of both, then the split whose longer pipeline is shortest:
+  `cost_model.predict_ahead`) instead of taking the on-policy hand split;
 * ``off_policy_partial``: ``hybrid`` — every stage before the trainer on shared ranks, the
   trainer on its own — with one-step off-policy and **partial rollouts** (an engine stops when
   20% of its step's requests still decode and goes on with them next step; a response spans at
@@ -45,8 +48,9 @@ Ratios (on ``--profile`` at the largest and the middle rank count): ``best_vs_ce
 ``best_vs_fixed_pipeline`` (>= 1.5, >= 1.3: the best of our manual modes), ``auto_vs_best``
 (>= 0.95), ``cost_model_error`` (<= 0.10: the largest relative error over modes and rank
 counts), ``idle_vs_centralized`` (<= 0.5: the best mode's idle fraction / centralized's),
-``off_policy_vs_on_policy`` (>= 1.3: disaggregated's step time / off_policy's), and beside it
-(reported) ``off_policy_fixed_vs_fixed_pipeline``; for the stale modes
+``off_policy_vs_on_policy`` (>= 1.3: disaggregated's step time / off_policy's),
+``off_policy_auto_vs_on_policy`` (the best on-policy mode's step / off_policy_auto's), and
+beside them (reported) ``off_policy_fixed_vs_fixed_pipeline``; for the stale modes
 ``off_policy_partial_vs_on_policy`` (>= 1.3: the best on-policy mode's step / its),
 ``stale_best_vs_centralized`` (>= 1.5) and ``stale_idle_vs_centralized`` (<= 0.5). Per rank
 count the table also shows the on-policy **floor** (`Profile.on_policy_floor_s`: the step's
@@ -88,6 +92,7 @@ REQUIRED = {
     "cost_model_error": ("<=", 0.10),
     "idle_vs_centralized": ("<=", 0.5),
     "off_policy_vs_on_policy": (">=", 1.3),
+    "off_policy_auto_vs_on_policy": (">=", 1.3),
     "off_policy_fixed_vs_fixed_pipeline": (">=", 1.3),
     "off_policy_partial_vs_on_policy": (">=", 1.3),
     "stale_best_vs_centralized": (">=", 1.5),
@@ -95,7 +100,7 @@ REQUIRED = {
 }
 MODES = (
     "centralized", "fixed_pipeline", "disaggregated", "collocated", "hybrid", "auto", "off_policy",
-    "off_policy_fixed", "fixed_engine", "partial", "off_policy_partial",
+    "off_policy_auto", "off_policy_fixed", "fixed_engine", "partial", "off_policy_partial",
 )  # fmt: skip
 OURS = ("disaggregated", "collocated", "hybrid")
 #: Modes whose trained samples are partly older than the last update (staleness bounded and
@@ -206,7 +211,8 @@ def mode_settings(mode: str, profile: Profile, workers: int, samples: int, micro
         return ["placement.mode=hybrid", f"placement.groups={groups}", *sets, *elastic, *stale]
     # the default warm-up (2 steps): the first step of a job is slower than the rest (20% here),
     # and an engine's fitted model from it mispredicts more than its mean seconds per item
-    return ["placement.mode=auto", *every, *elastic]
+    off = ["emulation.off_policy_steps=1"] if mode == "off_policy_auto" else []
+    return ["placement.mode=auto", *every, *elastic, *off]
 
 
 def config_text(profile: Profile, spec: str, time_scale: float, steps: int) -> str:
@@ -257,7 +263,8 @@ def run_mode(config: Path, out: Path, mode: str, ranks: int, sets: list[str]) ->
             f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
         )
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    skip = auto_warmup(sets) + 1 if mode == "auto" else 2  # auto: its warm-up and first decided step
+    # auto: its warm-up and first decided step
+    skip = auto_warmup(sets) + 1 if mode in ("auto", "off_policy_auto") else 2
     # not the last step either: off-policy's last step only trains (nothing left to generate)
     measured = records[skip:-1] or records[-1:]
 
@@ -394,12 +401,13 @@ def main() -> int:
     print_table(
         "per rank count (" + main_name + ")",
         ["ranks", "best mode", "best/centralized", "ceiling", "floor s", "best/fixed", "best/fixed+engine",
-         "auto/best", "idle best/centralized", "off/on-policy", "stale best", "stale/centralized",
-         "stale idle/centralized"],
+         "auto/best", "idle best/centralized", "off/on-policy", "off auto/best", "stale best",
+         "stale/centralized", "stale idle/centralized"],
         [(k, str(v["best"]), f"{v['best_vs_centralized']:.2f}", f"{v['ceiling']:.2f}", f"{v['floor_s']:.3f}",
           f"{v['best_vs_fixed_pipeline']:.2f}", f"{v['best_vs_fixed_engine']:.2f}",
           f"{v['auto_vs_best']:.2f}", f"{v['idle_vs_centralized']:.2f}",
-          f"{v['off_policy_vs_on_policy']:.2f}", str(v["stale_best"]),
+          f"{v['off_policy_vs_on_policy']:.2f}", f"{v['off_policy_auto_vs_on_policy']:.2f}",
+          str(v["stale_best"]),
           f"{v['stale_best_vs_centralized']:.2f}", f"{v['stale_idle_vs_centralized']:.2f}")
          for k, v in per_size.items()],
     )  # fmt: skip
@@ -456,6 +464,7 @@ def compute_ratios(
             "auto_vs_best": ratio(best, "auto"),
             "idle_vs_centralized": ratio(best, "centralized", "idle_fraction"),
             "off_policy_vs_on_policy": ratio("disaggregated", "off_policy"),
+            "off_policy_auto_vs_on_policy": ratio(best, "off_policy_auto"),
             "off_policy_fixed_vs_fixed_pipeline": ratio("fixed_pipeline", "off_policy_fixed"),
             "best_vs_fixed_engine": ratio("fixed_engine", best),
             "off_policy_partial_vs_on_policy": ratio(best, "off_policy_partial"),
@@ -468,8 +477,8 @@ def compute_ratios(
     ratios = {}
     for key in (
         "best_vs_centralized", "best_vs_fixed_pipeline", "auto_vs_best", "off_policy_vs_on_policy",
-        "off_policy_fixed_vs_fixed_pipeline", "off_policy_partial_vs_on_policy",
-        "stale_best_vs_centralized",
+        "off_policy_auto_vs_on_policy", "off_policy_fixed_vs_fixed_pipeline",
+        "off_policy_partial_vs_on_policy", "stale_best_vs_centralized",
     ):  # fmt: skip
         values = [e[key] for e in judged if not math.isnan(e[key])]
         if values:

@@ -11,6 +11,11 @@ torn down). The choice is logged and recorded with both predictions, and after t
 with the measured step time next to the predicted one. (Every pipeline, auto's too, bounds each
 stage's largest micro-batch by its device memory after its first step:
 `Pipeline.bound_micro_batches`.)
+
+One-step off-policy RL runs two pipelines at once (`off_policy.OneStepAhead`): they share one
+`AutoPlacement` (`Pipeline.place_together`), whose warm-up runs both collocated, and
+`cost_model.predict_ahead` splits the ranks between generation and training so that the longer
+of the two is shortest.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from rlinf_hpc.log import get_logger
-from rlinf_hpc.scheduler.cost_model import PhaseProfile, Prediction, predict
+from rlinf_hpc.scheduler.cost_model import PhaseProfile, Prediction, predict, predict_ahead
 from rlinf_hpc.scheduler.engine_model import EngineModel, fit_engine
 
 if TYPE_CHECKING:
@@ -86,15 +91,32 @@ def stage_micro_batches(pipeline: Pipeline, result: StepResult) -> list[int]:
 
 
 class AutoPlacement:
-    """The auto mode's state for one pipeline: warming up, then decided."""
+    """The auto mode's state for a pipeline, or for pipelines placed together: warming up,
+    then decided."""
 
-    def __init__(self, coordinator: Coordinator) -> None:
+    def __init__(self, coordinator: Coordinator, owner: str) -> None:
         self.coordinator = coordinator
         self.warmup_steps = coordinator.config.placement.auto_warmup_steps
-        self.steps = 0
+        #: The pipelines placed together (`place_together`; none: the one named ``owner``)
+        self.pipelines: list[Pipeline] = []
+        self.names = [owner]
+        self.counts: dict[str, int] = {}  # steps each pipeline reported
+        self._latest: dict[str, tuple[StepResult, int]] = {}  # its last step and its items
+        self.decided_at: int | None = None  # `steps` when the choice was made
         self.choice: str | None = None
         self.prediction: Prediction | None = None
         self.measured_s: float | None = None
+
+    @property
+    def steps(self) -> int:
+        """Steps every pipeline placed together has run (the fewest)."""
+        return min(self.counts.get(name, 0) for name in self.names)
+
+    def place_together(self, pipelines: list[Pipeline]) -> None:
+        """Measure and place these pipelines as one (they run at the same time: generation and
+        training of one-step off-policy RL, in that order)."""
+        self.pipelines = list(pipelines)
+        self.names = [p.name for p in pipelines]
 
     @property
     def label(self) -> str:
@@ -117,63 +139,84 @@ class AutoPlacement:
             }
         return {
             "steps": self.steps,
+            "counts": dict(self.counts),
+            "decided_at": self.decided_at,
             "choice": self.choice,
             "prediction": prediction,
             "measured_s": self.measured_s,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.steps, self.choice, self.measured_s = state["steps"], state["choice"], state["measured_s"]
+        self.choice, self.measured_s = state["choice"], state["measured_s"]
+        # checkpoints from before pipelines could be placed together hold one count
+        self.counts = dict(state.get("counts") or dict.fromkeys(self.names, state["steps"]))
+        self.decided_at = state.get("decided_at", self.warmup_steps if self.choice else None)
         self.prediction = Prediction(**state["prediction"]) if state["prediction"] else None
 
     def after_step(self, pipeline: Pipeline, result: StepResult, num_items: int) -> None:
-        self.steps += 1
+        self.counts[pipeline.name] = self.counts.get(pipeline.name, 0) + 1
+        self._latest[pipeline.name] = (result, num_items)
+        members = self.pipelines or [pipeline]
+        if any(p.running for p in members):
+            return  # the others' steps are still on the ranks: nothing can move now
         if self.choice is None:
             if self.steps >= self.warmup_steps:
-                self._decide(pipeline, result, num_items)
+                self._decide(members)
             return
-        if self.measured_s is None:
-            self.measured_s = result.seconds
+        if self.measured_s is None and self.decided_at is not None and self.steps > self.decided_at:
+            self.measured_s = max(self._latest[p.name][0].seconds for p in members)
             predicted = self.predicted_s or 0.0
-            error = 100 * (result.seconds - predicted) / max(predicted, 1e-9)
+            error = 100 * (self.measured_s - predicted) / max(predicted, 1e-9)
             log.info(
                 "auto: %s step predicted %.3f s, measured %.3f s (%+.0f%%)",
-                self.choice, predicted, result.seconds, error,
+                self.choice, predicted, self.measured_s, error,
             )  # fmt: skip
             self.coordinator.record(
                 "auto_placement_measured",
                 choice=self.choice,
                 predicted_s=predicted,
-                measured_s=result.seconds,
+                measured_s=self.measured_s,
             )
 
-    def _decide(self, pipeline: Pipeline, result: StepResult, num_items: int) -> None:
-        profiles = profiles_from_step(pipeline, result)
+    def _decide(self, members: list[Pipeline]) -> None:
+        measured = [(p, *self._latest[p.name]) for p in members]
+        profiles = [profiles_from_step(p, result) for p, result, _ in measured]
         ranks = list(self.coordinator.worker_ranks)
         config = self.coordinator.config.pipeline
         # elastic: while a stage waits on the one before (the pipeline's fill and drain, which
         # is when one micro-batch's time counts), that one shrinks its micro-batches to the least
         micro_batch = config.min_micro_batch if config.elastic else config.micro_batch
-        prediction = predict(profiles, num_items, micro_batch, len(ranks), measured_collocated=result.seconds)
-        self.prediction, self.choice = prediction, prediction.choice
+        step_s = max(result.seconds for _, result, _ in measured)  # the pipelines start together
+        if len(measured) == 1:
+            items = measured[0][2]
+            prediction = predict(profiles[0], items, micro_batch, len(ranks), measured_collocated=step_s)
+        elif len(measured) == 2:
+            both = (measured[0][2], measured[1][2])
+            prediction = predict_ahead(*profiles, both, micro_batch, len(ranks), measured_collocated=step_s)
+        else:
+            raise ValueError(f"auto places one pipeline or two side by side, not {len(measured)}")
+        self.prediction, self.choice, self.decided_at = prediction, prediction.choice, self.steps
+        together = f" ({' and '.join(p.name for p in members)}, placed together)" if len(members) > 1 else ""
         log.info(
-            "auto: warm-up step %.3f s; predicted collocated %.3f s, disaggregated %.3f s %s -> %s",
-            result.seconds, prediction.collocated, prediction.disaggregated,
+            "auto: warm-up step %.3f s%s; predicted collocated %.3f s, disaggregated %.3f s %s -> %s",
+            step_s, together, prediction.collocated, prediction.disaggregated,
             prediction.ranks_per_phase or "", prediction.choice,
         )  # fmt: skip
         self.coordinator.record(
             "auto_placement",
+            pipelines=[p.name for p in members],
             choice=prediction.choice,
-            warmup_step_s=result.seconds,
+            warmup_step_s=step_s,
             predicted_collocated_s=prediction.collocated,
             predicted_disaggregated_s=prediction.disaggregated,
             ranks_per_phase=prediction.ranks_per_phase,
-            profiles=[_profile_fields(p) for p in profiles],
+            profiles=[_profile_fields(p) for group in profiles for p in group],
         )
         if prediction.choice == "disaggregated":
-            pipeline.close()  # finished streams must not follow the ranks around
+            for pipeline in members:
+                pipeline.close()  # finished streams must not follow the ranks around
             groups, start = {}, 0
-            for profile in profiles:
+            for profile in (p for group in profiles for p in group):
                 count = prediction.ranks_per_phase[profile.name]
                 groups[profile.name] = ranks[start : start + count]
                 start += count

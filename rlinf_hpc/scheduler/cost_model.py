@@ -350,3 +350,71 @@ def placement_time(
     longest = max(work + waits(g) + gate(g) for g, work in enumerate(works))
     tail = sum(profiles[i].finish_seconds for i in groups[-1][1])
     return round(profiles[0].start_seconds + longest + switches + tail, 6)
+
+
+def predict_ahead(
+    generation: list[PhaseProfile],
+    training: list[PhaseProfile],
+    num_items: tuple[int, int],
+    micro_batch: int,
+    num_ranks: int,
+    measured_collocated: float | None = None,
+) -> Prediction:
+    """Collocated vs disaggregated step time of one-step off-policy RL: the generation
+    pipeline (``num_items[0]`` items of step t+1) and the training pipeline (``num_items[1]``
+    samples of step t) start together and the step ends with the longer of the two.
+
+    Collocated, every stage of both runs on every rank, the two pipelines taking turns: their
+    work adds up. Disaggregated, the ranks are split between the pipelines and each pipeline's
+    share among its stages as `predict` splits one pipeline (`split_ranks`), at the split whose
+    longer pipeline is shortest — not the on-policy split: there the trainer's ranks are sized
+    to keep pace with the stream of responses, here to end when generation ends.
+    ``measured_collocated``: the warm-up's step, charged as in `predict`.
+
+    >>> gen = [PhaseProfile("gen", 0.04, switch_seconds=0.1)]
+    >>> train = [PhaseProfile("train", 0.02, switch_seconds=0.1, finish_seconds=0.1)]
+    >>> p = predict_ahead(gen, train, (60, 60), 6, 6)  # 0.4 + 0.3 + switches; max(0.6, 0.7)
+    >>> round(p.collocated, 3), round(p.disaggregated, 3), p.ranks_per_phase
+    (0.9, 0.7, {'gen': 4, 'train': 2})
+    """
+    if min(num_items) < 1 or micro_batch < 1:
+        raise ValueError("num_items and micro_batch must be >= 1")
+    together = sum(
+        predict(profiles, items, micro_batch, num_ranks).collocated
+        for profiles, items in zip((generation, training), num_items, strict=True)
+    )
+    times: dict[int, tuple[float, float, dict[str, int]]] = {}
+
+    def split(ranks: int) -> tuple[float, float, dict[str, int]]:
+        """Generation's and training's time with ``ranks`` ranks generating, and the shares."""
+        if ranks not in times:
+            shares, spans = {}, []
+            for profiles, items, count in zip(
+                (generation, training), num_items, (ranks, num_ranks - ranks), strict=True
+            ):
+                own = split_ranks(profiles, count, items, micro_batch)
+                spans.append(_split_time(profiles, own, items, micro_batch))
+                shares.update(own)
+            times[ranks] = (spans[0], spans[1], shares)
+        return times[ranks]
+
+    # generation's time falls as it gets ranks and training's rises: bisect for where they
+    # cross (a linear scan costs O(ranks^3) placement models, 1.3 s at 64 ranks), then look
+    # about it (a plateau of an engine's waves is not strictly monotone)
+    low, high = len(generation), num_ranks - len(training)
+    if low > high:
+        return Prediction(together, math.inf, {})
+    while low < high:
+        middle = (low + high) // 2
+        gen_s, train_s, _ = split(middle)
+        if gen_s <= train_s:
+            high = middle
+        else:
+            low = middle + 1
+    near = range(max(len(generation), low - 2), min(num_ranks - len(training), low + 2) + 1)
+    best = min(near, key=lambda n: max(split(n)[:2]))
+    apart, shares = max(split(best)[:2]), split(best)[2]
+    stages = len(generation) + len(training)
+    if measured_collocated is not None and measured_collocated > together:
+        together, apart = measured_collocated, apart + (measured_collocated - together) / stages
+    return Prediction(together, apart, shares)

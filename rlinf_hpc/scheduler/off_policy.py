@@ -41,6 +41,7 @@ class OneStepAhead:
     ) -> None:
         self.generation = generation
         self.training = training
+        generation.place_together(training)  # placement.mode = "auto": one decision for both
         self.steps = steps
         self.train_weights = train_weights
         #: The next step's samples, generated already (None: generate them first).

@@ -80,7 +80,9 @@ class Pipeline:
         self.stages: list[Stage] = []
         self._step = 0
         self._streams: list[str] = []
-        self._auto = AutoPlacement(coordinator) if coordinator.config.placement.mode == "auto" else None
+        self._auto = AutoPlacement(coordinator, name) if coordinator.config.placement.mode == "auto" else None
+        #: A step of this pipeline is on the ranks (started, its result not yet taken).
+        self.running = False
         #: Component -> the largest micro-batch its device memory allows (`bound_micro_batches`).
         self.micro_batch_bounds: dict[str, int] = {}
         self._bounded = False
@@ -112,6 +114,16 @@ class Pipeline:
             raise ValueError(f"pipeline '{self.name}': component '{component}' is a stage already")
         self.stages.append(Stage(component, method, finish, weight_key, continuous))
         return self
+
+    def place_together(self, *others: Pipeline) -> None:
+        """Pipelines that run at the same time (one-step off-policy: this one generates, the
+        others train) are placed as one by ``auto``: one warm-up, one decision for all their
+        stages (`cost_model.predict_ahead`). Nothing to do with a placement of the config's."""
+        if self._auto is None:
+            return
+        for other in others:
+            other._auto = self._auto
+        self._auto.place_together([self, *others])
 
     @property
     def placement_label(self) -> str:

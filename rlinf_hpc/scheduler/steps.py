@@ -78,6 +78,7 @@ class RunningStep:
     def result(self) -> StepResult:
         if self._result is None:
             self._result = self.pipeline._result(self.futures, self.start)
+            self.pipeline.running = False
             self.pipeline._after_step(self._result, self.num_items)
         return self._result
 
@@ -107,6 +108,7 @@ def start_steps(*steps: tuple[Pipeline, list[Any], list[float] | None]) -> list[
     launched = []
     for (pipe, _, _), (names, specs) in zip(steps, prepared, strict=True):
         pipe._streams = names
+        pipe.running = True
         launched.append(pipe._launch(names, specs))
     running = []
     for (pipe, items, weights), (names, _), futures in zip(steps, prepared, launched, strict=True):

@@ -29,12 +29,6 @@ def validate(config: Any) -> None:
         raise UserError(
             f"emulation.samples_per_step ({samples}) is smaller than the number of stages; raise it"
         )
-    if emulation.off_policy_steps and config.placement.mode == "auto":
-        raise UserError(
-            "emulation.off_policy_steps = 1 runs two pipelines at once (the actor on step t "
-            'beside generation of step t+1); placement.mode = "auto" measures and places one. '
-            'Choose the placement ("disaggregated", "hybrid") or use off_policy_steps = 0 with auto.'
-        )
     if emulation.partial_rollouts and not emulation.continuous_generation:
         raise UserError(
             f"emulation.partial_rollouts = {emulation.partial_rollouts:g} carries an engine's "

@@ -37,14 +37,6 @@ def validate(config: Config) -> None:
             f'the config has [components.critic] but grpo.algorithm = "{config.grpo.algorithm}" '
             'has no critic: its ranks would idle. Remove the table or set grpo.algorithm = "ppo".'
         )
-    if config.grpo.off_policy_steps and config.placement.mode == "auto":
-        raise UserError(
-            "grpo.off_policy_steps = 1 runs two pipelines at once (generation of step t+1 beside "
-            'training on step t); placement.mode = "auto" measures and places one pipeline, '
-            "and its collocated warm-up would run them one after the other. Choose the "
-            'placement yourself ("disaggregated" overlaps them fully, "hybrid" in part), or '
-            "use grpo.off_policy_steps = 0 with auto."
-        )
     if config.model.path:
         check_model_dir(config.model.path)
     if config.grpo.rollout_backend == "vllm":
