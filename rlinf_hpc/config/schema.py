@@ -162,7 +162,9 @@ class PlacementConfig(_Section):
         "components of each entry of `groups` share ranks, groups are disjoint; `auto`: start "
         "collocated on every worker rank, measure the phases of the flow's Pipeline for "
         "`auto_warmup_steps` steps, then keep collocated or split the ranks between the stages, "
-        "whichever the cost model predicts faster (components' num_ranks is ignored).",
+        "whichever the cost model predicts faster (components' num_ranks is ignored); pipelines "
+        "that run side by side (one-step off-policy's generation and training) are measured and "
+        "split as one.",
     )
     groups: list[list[str]] = Field(
         default_factory=list,
