@@ -559,3 +559,23 @@ def late_send_flow(coordinator: Coordinator) -> Any:
     receive = alpha.subset([1]).call("receive_late")
     alpha.subset([0]).call("sleep_then_send", 4.0, "late").result()
     return receive.result()
+
+
+def embodied_auto_flow(coordinator: Coordinator) -> Any:
+    """The embodied PPO flow with auto's comparison decided by ``flow.options.force``
+    ("shared" or "split" looks twice as fast as the other), so that each way out is tested."""
+    from rlinf_hpc.apps.embodied import placement
+    from rlinf_hpc.apps.embodied.flow import embodied_ppo_flow
+
+    force = coordinator.config.flow.options["force"]
+    measured = placement.iteration_estimate
+
+    def estimate(record: dict[str, Any], asynchronous: bool, shared: bool) -> float:
+        seconds = measured(record, asynchronous, shared)
+        return seconds if shared == (force == "shared") else 2 * seconds + 1.0
+
+    placement.iteration_estimate = estimate  # type: ignore[assignment]
+    return embodied_ppo_flow(coordinator)
+
+
+EMBODIED_AUTO = dataclasses.replace(EMBODIED_APP, name="embodied_auto", flow="job_workers:embodied_auto_flow")

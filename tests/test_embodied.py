@@ -140,11 +140,18 @@ def test_placements_and_rank_splits_that_cannot_work_are_refused(tmp_path: Path)
     result = rlinf("run", str(CARTPOLE), *split)
     assert result.returncode == 2, result.output
     assert "components.env.num_ranks = 3 cannot be split evenly" in result.stderr
+    result = rlinf("run", str(CARTPOLE), "--set=placement.mode=auto")  # auto needs the group it splits
+    assert result.returncode == 2 and 'Add groups = [["policy", "actor"]]' in result.stderr, result.output
+    shared = ["--set=placement.mode=auto", '--set=placement.groups=[["policy", "actor"]]']
+    wider = ["--set=components.policy.num_ranks=2", "--set=job.num_ranks=6"]
+    result = rlinf("run", str(CARTPOLE), *shared, *wider)
+    assert result.returncode == 2, result.output  # the warm-up's actor on 3 ranks for 2 env ranks
+    assert "the 3 ranks policy and actor share in auto's warm-up" in result.stderr
 
 
-#: Record fields that measure time, not learning.
+#: Record fields that measure time (or name the placement), not learning.
 TIMING = {"rollout_s", "env_wait_s", "env_step_s", "policy_busy_s", "policy_batch", "receive_s", "train_s",
-          "weight_sync_s", "iteration_s", "elapsed_s"}  # fmt: skip
+          "weight_sync_s", "iteration_s", "elapsed_s", "placement"}  # fmt: skip
 
 
 @pytest.mark.mpi
@@ -181,3 +188,35 @@ def test_a_stopped_run_resumes_exactly_in_another_placement(tmp_path: Path) -> N
     scales = [r["reward_scale"] for r in records]  # CartPole: +1 a step, returns grow to ~1/(1-gamma)
     assert scales[0] > 1 and len(set(scales)) == len(scales), scales
     assert learning(tmp_path / "cut") == records
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("force", ["shared", "split"])
+def test_auto_measures_policy_and_actor_shared_and_split_and_keeps_the_faster(
+    tmp_path: Path, force: str
+) -> None:
+    """placement.mode = "auto" with groups = [["policy", "actor"]]: two iterations with both on
+    the group's two ranks, two with the policy on one and the actor on the other, then the
+    faster (forced here) — moving back to shared when it wins, where the joining actor rank
+    adopts the trained state and the joining policy rank gets the weights: learning goes on
+    (a fresh actor or policy would fall back to the untrained return, ~20). The trials run
+    synchronously; asynchronous updates start after the decision."""
+    run = tmp_path / "run"
+    sets = [*SMALL, "ppo.iterations=10", "ppo.async_updates=true", "placement.mode=auto",
+            'placement.groups=[["policy", "actor"]]', "flow.runner=job_workers:EMBODIED_AUTO",
+            f'flow.options={{force="{force}"}}']  # fmt: skip
+    result = rlinf("run", str(CARTPOLE), "--run-dir", str(run), *[f"--set={s}" for s in sets], timeout=240)
+    assert result.returncode == 0, result.output
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    placements = [r["placement"] for r in records]
+    assert placements[:4] == ["auto:trial (shared)"] * 2 + ["auto:trial (split)"] * 2
+    assert set(placements[4:]) == {f"auto:{force}"}
+    assert [r["staleness"] for r in records] == [0] * 5 + [1] * 5  # async from the decision on
+    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    decided = next(e for e in events if e.get("event") == "auto_placement")
+    expected = {"shared": ([1, 2], [1, 2]), "split": ([1], [2])}[force]
+    assert (decided["choice"], decided["policy"], decided["actor"]) == (force, *expected)
+    assert any(e.get("event") == "auto_placement_measured" for e in events)
+    returns = [r["return_recent"] for r in records]
+    assert returns[-1] > 1.5 * returns[1], returns  # learning went on after every move
+    assert _summary(run)["placement"] == f"auto:{force}"

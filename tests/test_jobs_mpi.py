@@ -107,6 +107,15 @@ def test_missing_worker_class_is_a_user_error(tmp_path: Path) -> None:
     assert "Traceback" not in result.output
 
 
+def test_a_pipelines_auto_with_shared_groups_is_a_user_error() -> None:
+    """auto with placement.groups is for flows that place themselves (embodied PPO); a
+    Pipeline's auto measures a collocated warm-up, so it refuses the groups, naming them."""
+    groups = 'placement.groups=[["producer", "transformer"]]'
+    result = rlinf("run", str(CONFIGS / "toy_pipeline.toml"), "--set", "placement.mode=auto", "--set", groups)
+    assert result.returncode == 2, result.output
+    assert "asks for a warm-up with shared groups" in result.stderr and "Traceback" not in result.output
+
+
 def test_bad_config_in_place_prints_once_and_all_ranks_exit_2(tmp_path: Path) -> None:
     path = tmp_path / "bad.toml"
     path.write_text('[components.a]\nworker = "job_workers:ProbeWorker"\nnum_rank = 1\n')

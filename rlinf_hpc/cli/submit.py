@@ -32,7 +32,7 @@ class SubmitOptions:
 def gpus_needed(config: Config) -> int:
     """Worker ranks that need a GPU (components with ``device = "gpu"``; shared ranks once)."""
     return sum(
-        max(config.components[n].num_ranks for n in unit)
+        config.unit_size(unit)
         for unit in config.placement_units()
         if any(config.components[n].device == "gpu" for n in unit)
     )

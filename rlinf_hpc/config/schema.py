@@ -164,12 +164,16 @@ class PlacementConfig(_Section):
         "`auto_warmup_steps` steps, then keep collocated or split the ranks between the stages, "
         "whichever the cost model predicts faster (components' num_ranks is ignored); pipelines "
         "that run side by side (one-step off-policy's generation and training) are measured and "
-        "split as one.",
+        "split as one. `auto` with `groups` (for a flow that places itself, e.g. embodied PPO): "
+        "each group's members start on the same ranks, as many as their num_ranks add up to, "
+        "the other components on ranks of their own; the flow then keeps the group shared or "
+        "splits its ranks between its members.",
     )
     groups: list[list[str]] = Field(
         default_factory=list,
-        description="For `hybrid`: lists of components that share ranks, e.g. "
-        '[["rollout", "inference"], ["actor"]]. Components in no group get ranks of their own.',
+        description="For `hybrid` (and `auto`'s warm-up, see `mode`): lists of components that "
+        'share ranks, e.g. [["rollout", "inference"], ["actor"]]. Components in no group get '
+        "ranks of their own.",
     )
     switch: Literal["full", "light", "off"] = Field(
         "full",
@@ -326,8 +330,10 @@ class Config(_Section):
     @model_validator(mode="after")
     def _check_placement(self) -> Config:
         mode, groups = self.placement.mode, self.placement.groups
-        if groups and mode != "hybrid":
-            raise ValueError(f'placement.groups is only used with placement.mode = "hybrid", not "{mode}"')
+        if groups and mode not in ("hybrid", "auto"):
+            raise ValueError(
+                f'placement.groups is only used with placement.mode = "hybrid" or "auto", not "{mode}"'
+            )
         seen: set[str] = set()
         for group in groups:
             for name in group:
@@ -362,21 +368,29 @@ class Config(_Section):
     def placement_units(self) -> list[list[str]]:
         """Components that share ranks, one list per set of ranks (see [placement])."""
         mode = self.placement.mode
-        if mode in ("collocated", "auto"):
+        if mode == "collocated" or (mode == "auto" and not self.placement.groups):
             return [list(self.components)]
-        if mode == "hybrid":
+        if mode in ("hybrid", "auto"):
             grouped = {name for group in self.placement.groups for name in group}
             return [list(g) for g in self.placement.groups] + [
                 [name] for name in self.components if name not in grouped
             ]
         return [[name] for name in self.components]
 
+    def unit_size(self, unit: list[str]) -> int:
+        """Worker ranks of one placement unit: the most any member asks for — but in `auto`'s
+        warm-up a group's members share what they would have apart (their sum), so that the
+        flow can split those ranks between them later."""
+        sizes = [self.components[n].num_ranks for n in unit]
+        shared_warmup = self.placement.mode == "auto" and self.placement.groups and len(unit) > 1
+        return sum(sizes) if shared_warmup else max(sizes)
+
     @property
     def num_worker_ranks_needed(self) -> int:
         """Smallest number of worker ranks (world size - 1) that can hold every component."""
         explicit = {r for c in self.components.values() if c.ranks for r in c.ranks}
         implicit = sum(
-            max(self.components[n].num_ranks for n in unit)
+            self.unit_size(unit)
             for unit in self.placement_units()
             if all(self.components[n].ranks is None for n in unit)
         )

@@ -30,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from rlinf_hpc.errors import UserError
 from rlinf_hpc.log import get_logger
 from rlinf_hpc.scheduler.autoplace import AutoPlacement
 from rlinf_hpc.scheduler.elastic import micro_batch_bound
@@ -80,7 +81,15 @@ class Pipeline:
         self.stages: list[Stage] = []
         self._step = 0
         self._streams: list[str] = []
-        self._auto = AutoPlacement(coordinator, name) if coordinator.config.placement.mode == "auto" else None
+        placement = coordinator.config.placement
+        if placement.mode == "auto" and placement.groups:
+            raise UserError(
+                f"pipeline '{name}': placement.mode = \"auto\" places a Pipeline's stages from a "
+                "collocated warm-up (every stage on every worker rank), but placement.groups "
+                f"{placement.groups} asks for a warm-up with shared groups, which only flows that "
+                "place themselves use. Remove placement.groups, or choose hybrid with these groups."
+            )
+        self._auto = AutoPlacement(coordinator, name) if placement.mode == "auto" else None
         #: A step of this pipeline is on the ranks (started, its result not yet taken).
         self.running = False
         #: Component -> the largest micro-batch its device memory allows (`bound_micro_batches`).

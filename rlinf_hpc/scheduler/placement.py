@@ -87,7 +87,7 @@ def plan_placement(config: Config, slots: list[RankSlot]) -> Placement:
             f"{len(slots) - len(outside)} ranks but the job has {len(slots)} (ranks {outside} are in no "
             "part): make the parts' task counts add up to the ranks started."
         )
-    if config.placement.mode == "auto":  # warm-up: everyone everywhere; Pipeline decides later
+    if config.placement.mode == "auto" and not config.placement.groups:  # everyone everywhere
         pinned = [n for n, c in config.components.items() if c.het_group is not None]
         if pinned:
             raise UserError(
@@ -107,7 +107,7 @@ def plan_placement(config: Config, slots: list[RankSlot]) -> Placement:
         members = [n for n in unit if config.components[n].ranks is None]
         if not members:
             continue
-        size = max(config.components[n].num_ranks for n in members)
+        size = config.unit_size(members)
         needs_gpu = any(config.components[n].device == "gpu" for n in members)
         het_group = _unit_het_group(config, members, worker_slots)
         free = [
@@ -140,8 +140,9 @@ def plan_placement(config: Config, slots: list[RankSlot]) -> Placement:
                 f"{_how_to_get_ranks(total)}"
             )
         unit_ranks = usable[:size]
-        for name in members:
-            groups[name] = unit_ranks[: config.components[name].num_ranks]
+        for name in members:  # auto's warm-up: every member on all of the unit's ranks
+            count = size if config.placement.mode == "auto" else config.components[name].num_ranks
+            groups[name] = unit_ranks[:count]
         taken.update(unit_ranks)
     ordered = {name: groups[name] for name in config.components}
     return Placement(ordered)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from rlinf_hpc.apps.embodied.placement import EmbodiedAuto
 from rlinf_hpc.apps.embodied.workers import CHANNEL
 from rlinf_hpc.log import get_logger
 from rlinf_hpc.runtime.checkpoint.manager import checkpoints_of
@@ -72,6 +73,7 @@ def embodied_ppo_flow(coordinator: Coordinator) -> dict[str, Any]:
         coordinator.create_channel(CHANNEL, "env", "policy", policy="shortest_queue", capacity=capacity)
     run_dir = coordinator.run_dir
     checkpoints = checkpoints_of(coordinator)
+    auto = EmbodiedAuto(coordinator)  # placement.mode = "auto": warm up shared, then decide
     resumed = checkpoints.restore()
     if resumed is None:
         history: list[dict[str, Any]] = []
@@ -82,6 +84,7 @@ def embodied_ppo_flow(coordinator: Coordinator) -> dict[str, Any]:
     else:  # env states, noise and actor restored; the policy takes the actor's weights
         history, episodes, env_steps = resumed["history"], resumed["episodes"], resumed["env_steps"]
         first, collected = len(history), resumed["collected"]
+        auto.load_state_dict(resumed.get("auto"))
         sync = sync_weights(coordinator, first)
         if collected is not None:  # asynchronous: a rollout collected before the stop, not trained on
             coordinator.group("env").call("resend", first).result()
@@ -89,7 +92,13 @@ def embodied_ppo_flow(coordinator: Coordinator) -> dict[str, Any]:
     started = time.monotonic()
 
     def flow_state() -> dict[str, Any]:
-        return {"history": history, "episodes": episodes, "env_steps": env_steps, "collected": collected}
+        return {
+            "history": history,
+            "episodes": episodes,
+            "env_steps": env_steps,
+            "collected": collected,
+            "auto": auto.state_dict(),
+        }
 
     for iteration in range(first, ppo.iterations):
         step_started = time.monotonic()
@@ -97,7 +106,9 @@ def embodied_ppo_flow(coordinator: Coordinator) -> dict[str, Any]:
             collected = _Rollout(coordinator, iteration).result()
         lr = ppo.lr * (1 - iteration / ppo.iterations) if ppo.anneal_lr else ppo.lr
         following = None
-        if ppo.async_updates and iteration + 1 < ppo.iterations:
+        # auto's warm-up is synchronous: a rollout beside an update on shared ranks only takes
+        # turns with it, and the decision moves ranks, which a rollout in flight must not see
+        if ppo.async_updates and not auto.warming_up and iteration + 1 < ppo.iterations:
             pending = _Rollout(coordinator, iteration + 1)  # with the weights `collected` used
             trained = coordinator.group("actor").call("train", iteration, lr).result()
             sync = sync_weights(coordinator, iteration + 1)
@@ -108,10 +119,13 @@ def embodied_ppo_flow(coordinator: Coordinator) -> dict[str, Any]:
         env_steps += collected["env_steps"]
         episodes += collected["returns"]
         record = _record(iteration, collected, trained, sync, env_steps, episodes, step_started, started)
+        record["placement"] = auto.label
         history.append(record)
         metrics.write(iteration + 1, record)
         _log_iteration(record, ppo.iterations)
         collected = following
+        if auto.after_iteration(record):  # auto moved policy and actor: new policy ranks need weights
+            sync_weights(coordinator, iteration + 1)
         checkpoints.step_finished(iteration + 1, flow_state, (), record["iteration_s"])
     checkpoints.finish(ppo.iterations, flow_state)
     metrics.close()
@@ -131,7 +145,7 @@ def embodied_ppo_flow(coordinator: Coordinator) -> dict[str, Any]:
         "resumed_from_iteration": checkpoints.resumed_step if resumed else None,
         "checkpoints": checkpoints.saved,
         "wall_seconds": round(wall, 3),
-        "placement": config.placement.mode,
+        "placement": auto.label,
     }
     if run_dir is not None:
         plot_returns(history, run_dir / "progress.png", f"{config.job.name}: {env.id}")

@@ -12,6 +12,7 @@ modulo actor ranks) and tells every policy rank it is done.
 
 from __future__ import annotations
 
+import copy
 import time
 from typing import Any
 
@@ -28,7 +29,11 @@ from rlinf_hpc.algorithms import (
 from rlinf_hpc.apps.embodied.envs import GymBatch
 from rlinf_hpc.apps.embodied.model import build_model
 from rlinf_hpc.channel import EndOfStream
-from rlinf_hpc.engines.distributed import broadcast_parameters, init_group_process_group
+from rlinf_hpc.engines.distributed import (
+    broadcast_parameters,
+    init_group_process_group,
+    release_process_group,
+)
 from rlinf_hpc.engines.training import Trainer
 from rlinf_hpc.errors import CommTimeoutError
 from rlinf_hpc.workers import Worker
@@ -258,14 +263,50 @@ class ActorWorker(Worker):
         self.model = build_model(self.config)
         self.distributed = init_group_process_group(self.group, self.device)
         broadcast_parameters(self.model)
-        ppo = self.config.ppo
-        self.trainer = Trainer(
-            self.model, self.device, ppo.lr, clip_norm=ppo.max_grad_norm, weight_decay=0.0, eps=1e-5
-        )
+        self.trainer = self._trainer()
         self.version = 0  # updates applied
         #: The discounted returns' running deviation (``ppo.normalize_rewards``); the same on
         #: every actor rank (each update merges all ranks' batches).
         self.reward_rms = RunningMeanStd(1)
+
+    def _trainer(self) -> Trainer:
+        ppo = self.config.ppo
+        return Trainer(
+            self.model, self.device, ppo.lr, clip_norm=ppo.max_grad_norm, weight_decay=0.0, eps=1e-5
+        )
+
+    def on_regroup(self) -> None:
+        """``auto`` gave the actor other ranks (it split the ranks policy and actor shared):
+        data parallelism over the new group; weights, optimizer moments and the reward
+        statistics stay (every actor rank holds the same)."""
+        # a joining rank's setup broadcasts its fresh weights (it may be the group's first rank),
+        # and so does DDP's construction: keep what this rank trained for `adopt_state`
+        self._kept = copy.deepcopy(self.state_dict())
+        if self.distributed:
+            release_process_group()
+        self.distributed = init_group_process_group(self.group, self.device)
+        broadcast_parameters(self.model)  # the collective a joining rank's setup calls
+        optimizer = self.trainer.optimizer
+        self.trainer = self._trainer()
+        self.trainer.optimizer = optimizer
+        self.load_state_dict(self._kept)  # ranks that only stayed: as they were
+
+    def adopt_state(self, source: int) -> None:
+        """After ``auto`` gave the actor more ranks: every actor rank takes the state of world
+        rank ``source`` (one that trained so far) — weights, optimizer moments, the reward
+        statistics and the update count; a joining rank built them afresh in its ``setup``."""
+        if not self.distributed:
+            if self.rank != source:
+                raise RuntimeError(f"actor rank {self.rank} alone cannot adopt rank {source}'s state")
+            return
+        kept, self._kept = getattr(self, "_kept", None), None
+        held = [(kept or self.state_dict()) if self.rank == source else None]
+        torch.distributed.broadcast_object_list(held, src=self.group.world_ranks.index(source))
+        self.load_state_dict(held[0])
+
+    def teardown(self) -> None:
+        if getattr(self, "distributed", False):
+            release_process_group()
 
     def push_weights(self, targets: list[int]) -> dict[str, float]:
         started = time.monotonic()
