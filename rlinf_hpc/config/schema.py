@@ -382,7 +382,7 @@ class Config(_Section):
         warm-up a group's members share what they would have apart (their sum), so that the
         flow can split those ranks between them later."""
         sizes = [self.components[n].num_ranks for n in unit]
-        shared_warmup = self.placement.mode == "auto" and self.placement.groups and len(unit) > 1
+        shared_warmup = self.placement.mode == "auto" and bool(self.placement.groups) and len(unit) > 1
         return sum(sizes) if shared_warmup else max(sizes)
 
     @property

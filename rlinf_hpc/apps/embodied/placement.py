@@ -13,7 +13,7 @@ small MLP took as long on one actor rank as on two, and two policy ranks sharing
 the env ranks slowed the rollout. So both are measured:
 
 1. ``auto_warmup_steps`` iterations shared, then ``auto_warmup_steps`` split (the move is a
-   shrink: each rank keeps what it holds);
+   shrink: each rank keeps what it holds, and the actor ranks confirm it from one of them);
 2. the last iteration of each is compared; with ``ppo.async_updates`` the split one counts as the
    longer of its rollout and its update plus the sync (the next rollout is then collected while
    the actor trains — the trials themselves run synchronously, as a rollout in flight must not
@@ -115,7 +115,9 @@ class EmbodiedAuto:
                 "auto: shared on ranks %s: %.3f s per iteration; trying policy on %s, actor on %s",
                 self.group, record["iteration_s"], self.group[:split], self.group[split:],
             )  # fmt: skip
+            source = self.group[split]  # an actor rank that stays (each holds the same state)
             self.coordinator.repartition({"policy": self.group[:split], "actor": self.group[split:]})
+            self.coordinator.group("actor").call("adopt_state", source).result()
             return False
         if self.iterations == 2 * self.warmup:  # split measured: keep the faster
             self.estimates["split"] = iteration_estimate(record, asynchronous, shared=False)

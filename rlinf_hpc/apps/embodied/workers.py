@@ -292,14 +292,17 @@ class ActorWorker(Worker):
         self.load_state_dict(self._kept)  # ranks that only stayed: as they were
 
     def adopt_state(self, source: int) -> None:
-        """After ``auto`` gave the actor more ranks: every actor rank takes the state of world
-        rank ``source`` (one that trained so far) — weights, optimizer moments, the reward
-        statistics and the update count; a joining rank built them afresh in its ``setup``."""
+        """After ``auto`` moved the actor: every actor rank takes the state of world rank
+        ``source`` (one that trained so far) — weights, optimizer moments, the reward statistics
+        and the update count; a joining rank built them afresh in its ``setup``. Drops the copy
+        `on_regroup` kept."""
+        kept, self._kept = getattr(self, "_kept", None), None
+        if kept is not None and kept["version"] != self.version:  # trained or loaded since
+            kept = None
         if not self.distributed:
             if self.rank != source:
                 raise RuntimeError(f"actor rank {self.rank} alone cannot adopt rank {source}'s state")
             return
-        kept, self._kept = getattr(self, "_kept", None), None
         held = [(kept or self.state_dict()) if self.rank == source else None]
         torch.distributed.broadcast_object_list(held, src=self.group.world_ranks.index(source))
         self.load_state_dict(held[0])
