@@ -7,6 +7,7 @@ runs this under mpiexec -n 2)."""
 from __future__ import annotations
 
 import copy
+import gc
 import sys
 
 import torch
@@ -54,6 +55,8 @@ def main() -> int:
             else:
                 assert not close, f"{mode}: a per-rank mean matched the global one (the check is blind)"
     check_running_statistics(rank)
+    del ddp, replica  # DDP before its process group: a reducer outliving its group can abort
+    gc.collect()  # the process at exit ("terminate called without an active exception", CI)
     release_process_group()
     comm.Barrier()
     if rank == 0:

@@ -13,6 +13,7 @@ modulo actor ranks) and tells every policy rank it is done.
 from __future__ import annotations
 
 import copy
+import gc
 import time
 from typing import Any
 
@@ -282,11 +283,10 @@ class ActorWorker(Worker):
         # a joining rank's setup broadcasts its fresh weights (it may be the group's first rank),
         # and so does DDP's construction: keep what this rank trained for `adopt_state`
         self._kept = copy.deepcopy(self.state_dict())
-        if self.distributed:
-            release_process_group()
+        optimizer = self.trainer.optimizer
+        self._drop_process_group()
         self.distributed = init_group_process_group(self.group, self.device)
         broadcast_parameters(self.model)  # the collective a joining rank's setup calls
-        optimizer = self.trainer.optimizer
         self.trainer = self._trainer()
         self.trainer.optimizer = optimizer
         self.load_state_dict(self._kept)  # ranks that only stayed: as they were
@@ -307,9 +307,19 @@ class ActorWorker(Worker):
         torch.distributed.broadcast_object_list(held, src=self.group.world_ranks.index(source))
         self.load_state_dict(held[0])
 
+    def _drop_process_group(self) -> None:
+        """The trainer's DDP first, then the process group it holds: a DDP reducer outliving
+        its group can abort the process at exit ("terminate called without an active
+        exception", seen in CI on a DDP check that destroyed the group first)."""
+        self.trainer = None  # type: ignore[assignment]
+        gc.collect()
+        if self.distributed:
+            release_process_group()
+            self.distributed = False
+
     def teardown(self) -> None:
         if getattr(self, "distributed", False):
-            release_process_group()
+            self._drop_process_group()
 
     def push_weights(self, targets: list[int]) -> dict[str, float]:
         started = time.monotonic()
