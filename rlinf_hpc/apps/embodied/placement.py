@@ -110,7 +110,8 @@ class EmbodiedAuto:
             self.estimates["shared"] = iteration_estimate(record, asynchronous, shared=True)
             split = self.policy_ranks
             if not 0 < split < len(self.group):
-                return self._decide("shared", f"no split of {len(self.group)} rank(s)")
+                self._decide("shared", f"no split of {len(self.group)} rank(s)")
+                return False
             log.info(
                 "auto: shared on ranks %s: %.3f s per iteration; trying policy on %s, actor on %s",
                 self.group, record["iteration_s"], self.group[:split], self.group[split:],
@@ -130,7 +131,7 @@ class EmbodiedAuto:
             return faster == "shared"
         return False
 
-    def _decide(self, choice: str, why: str) -> bool:
+    def _decide(self, choice: str, why: str) -> None:
         self.choice = choice
         asynchronous = self.coordinator.config.ppo.async_updates
         log.info(
@@ -143,7 +144,6 @@ class EmbodiedAuto:
             "auto_placement", choice=choice, estimates_s=dict(self.estimates), asynchronous=asynchronous,
             policy=placement.ranks_of("policy"), actor=placement.ranks_of("actor"),
         )  # fmt: skip
-        return False
 
     def _measured(self, record: dict[str, Any]) -> None:
         self.measured_s = record["iteration_s"]
