@@ -5,6 +5,7 @@ them as they are; ZeRO-3 is not offered."""
 
 from __future__ import annotations
 
+import gc
 import os
 from typing import Any
 
@@ -63,6 +64,15 @@ class Trainer:
             model=self.model, optimizer=client, config=config, dist_init_required=False
         )
         self.module = self.engine
+
+    def close(self) -> None:
+        """Drop the DDP wrapper (its reducer) or the DeepSpeed engine; call before the process
+        group they hold is destroyed: a reducer outliving its group can abort the process at
+        exit ("terminate called without an active exception", seen in CI). The model and the
+        optimizer stay usable."""
+        self.module = self.model
+        self.engine = None
+        gc.collect()
 
     def step(self, loss: torch.Tensor) -> float:
         """Backward, (clip,) optimizer step; returns the gradient norm before clipping."""

@@ -13,7 +13,6 @@ modulo actor ranks) and tells every policy rank it is done.
 from __future__ import annotations
 
 import copy
-import gc
 import time
 from typing import Any
 
@@ -308,11 +307,10 @@ class ActorWorker(Worker):
         self.load_state_dict(held[0])
 
     def _drop_process_group(self) -> None:
-        """The trainer's DDP first, then the process group it holds: a DDP reducer outliving
-        its group can abort the process at exit ("terminate called without an active
-        exception", seen in CI on a DDP check that destroyed the group first)."""
+        """The trainer's DDP first, then the process group it holds (`Trainer.close`)."""
+        if self.trainer is not None:
+            self.trainer.close()
         self.trainer = None  # type: ignore[assignment]
-        gc.collect()
         if self.distributed:
             release_process_group()
             self.distributed = False

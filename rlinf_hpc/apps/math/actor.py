@@ -84,19 +84,25 @@ class ActorWorker(PolicyWorker):
                 "the DeepSpeed actor cannot change its ranks while the job runs (its ZeRO "
                 'partitions are fixed); keep the actor\'s ranks, or use train_backend = "ddp"'
             )
-        if self.distributed:
-            release_process_group()
+        optimizer = self.trainer.optimizer
+        self._drop_process_group()
         self.distributed = init_group_process_group(self.group, self.device)
         broadcast_parameters(self.model)
-        optimizer = self.trainer.optimizer
         self.trainer = Trainer(
             self.model, self.device, self.config.grpo.lr, clip_norm=self.config.grpo.max_grad_norm
         )
         self.trainer.optimizer = optimizer  # Adam moments survive the move
 
-    def teardown(self) -> None:
+    def _drop_process_group(self) -> None:
+        """DDP first, then the process group it holds (`Trainer.close`)."""
+        self.trainer.close()
         if self.distributed:
             release_process_group()
+            self.distributed = False
+
+    def teardown(self) -> None:
+        if getattr(self, "trainer", None) is not None:
+            self._drop_process_group()
 
     # -- warm start ------------------------------------------------------------------------------
     def _cache_file(self) -> Path | None:
