@@ -87,6 +87,7 @@ class Channel(ProducerSide, ConsumerSide):
         self._pending_gets: deque[tuple[list[Any], int | None, float | None, Any]] = deque()
         self._ack_sources: set[int] = set(self._spec.consumers)
         self._acks: dict[int, list[float]] = {}
+        self._held_acks: dict[int, list[float]] = {}
         self._last_ack_flush = time.monotonic()
         self._busy_since: float | None = None
         self._pending_weight = 0.0

@@ -39,6 +39,8 @@ class ConsumerSide:
     _forwarders: set[int]
     _pending_gets: deque[tuple[list[Any], int | None, float | None, Any]]
     _acks: dict[int, list[int]]
+    #: Acknowledgements owed to producers that closed the stream, sent at its end (`_flush_acks`).
+    _held_acks: dict[int, list[int]]
     _last_ack_flush: float
     _busy_since: float | None
     _pending_weight: float
@@ -311,12 +313,15 @@ class ConsumerSide:
         step at 24 emulated ranks with short responses, ahead of the engine's reply in MPI's
         queue to rank 0, which saw every reply of the step ~0.2 s after it was sent."""
         now = time.monotonic()
+        if final and self._held_acks:
+            for producer, item_ids in self._held_acks.items():
+                self._acks.setdefault(producer, []).extend(item_ids)
+            self._held_acks = {}
         if not self._acks or (not force and now - self._last_ack_flush < ACK_FLUSH_S):
             return
-        held = {}
         for producer, item_ids in self._acks.items():
             if not final and producer != self.plane.rank and (producer, END) in self._ended:
-                held[producer] = item_ids
+                self._held_acks.setdefault(producer, []).extend(item_ids)
                 continue
             ack = (
                 item_ids,
@@ -333,7 +338,7 @@ class ConsumerSide:
                 self._apply_ack(producer, ack)
                 continue
             self.plane.isend(ack, producer, self._ack_tag)
-        self._acks = held
+        self._acks = {}
         self._last_ack_flush = now
         self.plane.flush()
 
