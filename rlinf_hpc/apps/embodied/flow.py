@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from rlinf_hpc.apps.embodied.placement import EmbodiedAuto
-from rlinf_hpc.apps.embodied.workers import CHANNEL
+from rlinf_hpc.apps.embodied.protocol import CHANNEL
 from rlinf_hpc.log import get_logger
 from rlinf_hpc.runtime.checkpoint.manager import checkpoints_of
 from rlinf_hpc.runtime.console import print_table
