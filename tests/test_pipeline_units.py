@@ -47,6 +47,18 @@ def test_an_engines_input_is_split_evenly() -> None:
     assert [s["policy"] for s in specs.values()] == ["round_robin", "performance_aware"]
 
 
+def test_fixed_micro_batches_are_split_evenly() -> None:
+    """Without elastic sizing a stage's micro-batches are all ``micro_batch`` items: an even
+    split by count (measured per-item speed ran away on generate calls, whose cost is their
+    longest response)."""
+    components = {name: {"worker": "pkg.mod:Cls"} for name in ("a", "b")}
+    config = config_from_dict({"components": components, "pipeline": {"elastic": False}}, "test")
+    pipe = Pipeline(SimpleNamespace(config=config, placement=Placement({"a": [1], "b": [2]})), "p")  # type: ignore[arg-type]
+    pipe.stage("a", "generate").stage("b", "learn")
+    specs = pipe._stream_specs(["s0", "s1"])
+    assert [s["policy"] for s in specs.values()] == ["round_robin", "round_robin"]
+
+
 def test_stage_names_must_be_components_once() -> None:
     pipe = _pipeline({"a": [1]})
     with pytest.raises(KeyError, match="no component 'zz'"):
