@@ -45,3 +45,52 @@ def test_poll_until_sleeps_instead_of_spinning() -> None:
     # A spinning loop would make ~10^5+ calls and burn the whole 0.5 s of CPU.
     assert calls < 1000
     assert time.process_time() - cpu < 0.2
+
+
+class _FakeComm:
+    """A communicator that records the calls a `GroupComm` makes on it."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.calls: list[str] = []
+
+    def Get_rank(self) -> int:  # noqa: N802 - mpi4py's names
+        return 0
+
+    def Get_size(self) -> int:  # noqa: N802
+        return self.size
+
+    def Ibarrier(self):  # noqa: N802, ANN201
+        self.calls.append("Ibarrier")
+        return type("Request", (), {"Test": lambda self: True})()
+
+    def allgather(self, obj: object) -> list[object]:
+        self.calls.append("allgather")
+        return [obj] * self.size
+
+    def allreduce(self, obj: object) -> object:
+        self.calls.append("allreduce")
+        return obj
+
+    def bcast(self, obj: object, root: int = 0) -> object:
+        self.calls.append("bcast")
+        return obj
+
+
+def test_group_object_collectives_do_not_busy_poll_for_late_members() -> None:
+    """A group of one returns its own objects without a pickling round trip; a larger group
+    meets in the polled barrier before MPI's blocking (core-spinning) collective."""
+    from rlinf_hpc.comm.groups import GroupComm
+
+    solo_comm = _FakeComm(1)
+    solo = GroupComm("solo", [3], solo_comm)
+    batch = [{"ids": [1, 2]}]
+    assert solo.allgather(batch)[0] is batch and solo.allreduce(batch) is batch and solo.bcast(batch) is batch
+    assert solo_comm.calls == []
+    pair_comm = _FakeComm(2)
+    pair = GroupComm("pair", [3, 4], pair_comm)
+    assert pair.allgather(5) == [5, 5] and pair.allreduce(5) == 5 and pair.bcast(5) == 5
+    assert pair_comm.calls == ["Ibarrier", "allgather", "Ibarrier", "allreduce", "Ibarrier", "bcast"]
+    for group in (solo, pair):
+        group._comm = type("Freed", (), {"Free": lambda self: None})()  # noqa: SLF001
+        group.free()
