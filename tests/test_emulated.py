@@ -280,6 +280,7 @@ def test_a_profile_file_changes_a_built_in_one_or_defines_its_own_stages(tmp_pat
     assert profile.name == "mine" and profile.long == (1500, 6000) and profile.long_fraction == 0.03
     assert profile.stages["actor"].seconds_per_token == 8e-4
     assert profile.stages["actor"].finish_s == PROFILE.stages["actor"].finish_s  # the rest is 7B's
+    assert profile.stages["actor"].finish_per_sample == 0.0  # a trainer of micro-batches, as built in
     assert list(profile.stages) == list(PROFILE.stages) and profile.slots == PROFILE.slots
     own = _profile_file(
         tmp_path,
@@ -308,6 +309,7 @@ def test_a_profile_file_changes_a_built_in_one_or_defines_its_own_stages(tmp_pat
         ('base = "grpo-7b"\n[stages.actor]\nkind = "train"\n', "stages.actor.kind must be one of generate"),
         ('base = "grpo-7b"\nlong = [2000, 1500]\n', "long must be [low, high] with 1 <= low <= high"),
         ('base = "grpo-7b"\nalpha = 1.5\n', "alpha must be a number from 0 to 1"),
+        ('base = "grpo-7b"\n[stages.actor]\nfinish_per_sample = -1\n', "finish_per_sample must be a number"),
         ('base = "grpo-7b"\ndecode_step_s = 0\n', "decode_step_s must be a number > 0"),
         ('base = "grpo-7b"\nsync_to = ["rolout"]\n', "sync_to names 'rolout', which is not a stage"),
         ('base = "grpo-7b"\n[stages.actor]\nstate_gb = 90\n', "does not fit the device"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from rlinf_hpc.channel.policies import ConsumerView, ItemInfo, LocalFirst
 from rlinf_hpc.config import config_from_dict
 from rlinf_hpc.scheduler.autoplace import profiles_from_step
+from rlinf_hpc.scheduler.cost_model import PhaseProfile, placement_time, split_ranks
 from rlinf_hpc.scheduler.pipeline import UNBOUNDED, Pipeline, StepResult
 from rlinf_hpc.scheduler.placement import Placement
 from rlinf_hpc.workers.memory import host_memory_fraction
@@ -127,6 +129,31 @@ def test_auto_profiles_are_per_rank_seconds_per_item() -> None:
     # has none)
     assert b.drain_seconds == pytest.approx(0.08) and a.drain_seconds == 0.0
     assert (b.drain_items, a.drain_items) == (4, 0)
+
+
+def test_a_finish_that_trains_on_the_ranks_samples_is_modelled_per_item() -> None:
+    """An update over the step's samples (`finish_scales`, the math actor's) takes longer on
+    fewer ranks: auto must see that, or it gives the trainer one rank for a constant finish."""
+    pipe = _pipeline({"a": [1, 2], "b": [1, 2]})
+    pipe.stages.clear()
+    pipe.stage("a", "generate").stage("b", "collect", finish="update", finish_scales=True)
+    replies = [{"items": 20, "busy_s": 0.2, "switch_s": 0.0}, {"items": 20, "busy_s": 0.2, "switch_s": 0.0}]
+    trained = [
+        {**replies[0], "busy_s": 0.01, "finish_s": 0.6},
+        {**replies[1], "busy_s": 0.01, "finish_s": 0.8},
+    ]
+    _, b = profiles_from_step(pipe, StepResult(1, [], {}, 1.0, "auto", [], [replies, trained]))
+    # the slowest rank's finish over an even share: 0.8 s x 2 ranks / 40 items
+    assert b.finish_seconds == 0.0 and b.finish_per_item == pytest.approx(0.04)
+    assert b.finish_at(40, 1) == pytest.approx(1.6) and b.finish_at(40, 4) == pytest.approx(0.4)
+    gen = PhaseProfile("a", 0.01)
+    shares = split_ranks([gen, b], 10)
+    assert shares["b"] > shares["a"]  # ~0.04 s per item against 0.01: most ranks train
+    constant = replace(b, finish_seconds=0.7, finish_per_item=0.0)  # as it was modelled before
+    assert split_ranks([gen, constant], 10)["b"] == 1
+    # disaggregated on 8 + 2 ranks: each trainer rank updates on half of the 40 items
+    apart = placement_time([gen, b], 40, 10, [set(range(8)), {8, 9}])
+    assert apart == pytest.approx(placement_time([gen, constant], 40, 10, [set(range(8)), {8, 9}]) + 0.1)
 
 
 def test_host_memory_fraction_reads_meminfo(tmp_path) -> None:

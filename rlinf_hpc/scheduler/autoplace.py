@@ -38,7 +38,9 @@ def profiles_from_step(pipeline: Pipeline, result: StepResult) -> list[PhaseProf
     """One profile per stage from what its ranks measured in ``result``. Seconds per item are
     the slowest rank's busy time over an even share (the stage is done when its last rank is:
     uneven shares and uneven speeds both count); the finish (an optimizer step) and, for a
-    continuous stage, the time to its first output are the ranks' means; a micro-batched
+    continuous stage, the time to its first output are the ranks' means — a finish that scales
+    with the rank's items (`Stage.finish_scales`: an update over the step's samples) is the
+    slowest rank's over an even share, per item, like the busy time; a micro-batched
     stage's drain is its slowest rank's last micro-batch (and its size). The first stage's
     ranks start when the coordinator's feed gives them their first micro-batch: the earliest of
     them is the step's start (``start_seconds``), and each rank's later start counts in its time
@@ -60,8 +62,14 @@ def profiles_from_step(pipeline: Pipeline, result: StepResult) -> list[PhaseProf
         drain, drain_items = 0.0, 0
         if not stage.continuous:  # the slowest rank's last micro-batch, and its items
             drain, drain_items = max((r.get("last_s", 0.0), r.get("last_items", 0)) for r in replies)
+        finish_per_item = 0.0
+        if stage.finish_scales:
+            finish_per_item = max(r.get("finish_s", 0.0) for r in replies) * len(replies) / max(1, items)
+            finish = 0.0
         profile = PhaseProfile(stage.component, per_item, 0.0, switch, finish, latency, engine, start)
-        profiles.append(replace(profile, drain_seconds=drain, drain_items=drain_items))
+        profiles.append(
+            replace(profile, drain_seconds=drain, drain_items=drain_items, finish_per_item=finish_per_item)
+        )
     return profiles
 
 
@@ -229,6 +237,7 @@ def _profile_fields(profile: PhaseProfile) -> dict[str, Any]:
         "seconds_per_item": profile.seconds_per_item,
         "switch_seconds": profile.switch_seconds,
         "finish_seconds": profile.finish_seconds,
+        "finish_per_item": profile.finish_per_item,
         "latency_seconds": profile.latency_seconds,
         "engine": None
         if profile.engine is None

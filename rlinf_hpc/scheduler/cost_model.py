@@ -83,6 +83,18 @@ class PhaseProfile:
     #: share, and its time is not how long the last item takes through micro-batches of 4.
     drain_items: int = 0
 
+    #: A finish whose work grows with the rank's share (an update over the step's samples):
+    #: seconds per item of the share, on top of ``finish_seconds`` (`finish_at`).
+    finish_per_item: float = 0.0
+
+    def finish_at(self, num_items: float, ranks: int) -> float:
+        """Each rank's finish when ``ranks`` ranks share ``num_items`` items.
+
+        >>> PhaseProfile("actor", 0.0, finish_seconds=0.1, finish_per_item=0.01).finish_at(100, 4)
+        0.35
+        """
+        return round(self.finish_seconds + self.finish_per_item * num_items / ranks, 9)
+
     def drain_at(self, micro_batch: int) -> float:
         """The drain at micro-batches of ``micro_batch`` items (`drain_seconds`, scaled down
         when it was measured on a larger micro-batch).
@@ -149,7 +161,7 @@ def split_ranks(
     """
     if num_ranks < len(profiles):
         raise ValueError(f"{len(profiles)} phases cannot run disaggregated on {num_ranks} ranks")
-    work = {p.name: p.seconds_per_item for p in profiles}
+    work = {p.name: p.seconds_per_item + p.finish_per_item for p in profiles}
     shares = dict.fromkeys(work, 1)
     if num_items is not None and micro_batch is not None and any(p.engine for p in profiles):
         now = _split_time(profiles, shares, num_items, micro_batch)
@@ -221,7 +233,7 @@ def predict(
     together = (
         profiles[0].start_seconds
         + collocated_time(phases, [p.switch_seconds for p in profiles])
-        + profiles[-1].finish_seconds
+        + profiles[-1].finish_at(num_items, num_ranks)
     )
     if num_ranks < len(profiles):
         return Prediction(max(together, measured_collocated or 0.0), math.inf, {})
@@ -348,7 +360,7 @@ def placement_time(
         return late
 
     longest = max(work + waits(g) + gate(g) for g, work in enumerate(works))
-    tail = sum(profiles[i].finish_seconds for i in groups[-1][1])
+    tail = sum(profiles[i].finish_at(num_items, len(stage_ranks[i])) for i in groups[-1][1])
     return round(profiles[0].start_seconds + longest + switches + tail, 6)
 
 

@@ -53,6 +53,7 @@ class Stage:
     finish: str | None = None
     weight_key: str | None = None
     continuous: bool = False
+    finish_scales: bool = False
 
 
 @dataclass
@@ -103,6 +104,7 @@ class Pipeline:
         finish: str | None = None,
         weight_key: str | None = None,
         continuous: bool = False,
+        finish_scales: bool = False,
     ) -> Pipeline:
         """Append a stage: ``component``'s ``method(batch) -> outputs`` on every micro-batch;
         ``finish()`` once after its input ended (its value lands in `StepResult.finished`).
@@ -113,7 +115,11 @@ class Pipeline:
         engine's step is set by the requests it is given, and no per-item rate describes an
         engine. Shortest queue, used before, gave one engine in ten ~25% more requests per step
         at 16 emulated ranks (its slots had freed just before the feed's last window, so its
-        queue looked empty) and that engine ended every step ~20% after the others."""
+        queue looked empty) and that engine ended every step ~20% after the others.
+        ``finish_scales=True``: the finish's work grows with the items the rank took (an
+        update over the step's samples, as the math actor trains) instead of being a fixed
+        step (an optimizer step after micro-batched training); ``auto`` then predicts it per
+        item: on fewer ranks, each rank's finish takes longer."""
         if component not in self.coordinator.placement.groups:
             raise KeyError(
                 f"pipeline '{self.name}': no component '{component}'; the job has "
@@ -121,7 +127,7 @@ class Pipeline:
             )
         if any(s.component == component for s in self.stages):
             raise ValueError(f"pipeline '{self.name}': component '{component}' is a stage already")
-        self.stages.append(Stage(component, method, finish, weight_key, continuous))
+        self.stages.append(Stage(component, method, finish, weight_key, continuous, finish_scales))
         return self
 
     def place_together(self, *others: Pipeline) -> None:

@@ -83,7 +83,7 @@ def emulated_rl_flow(coordinator: Coordinator) -> dict[str, Any]:
             engine = emulation.continuous_generation and profile.stages[component].kind == "generate"
             pipes[-1].stage(
                 component, "engine" if engine else "process", finish="finish", weight_key="length",
-                continuous=engine,
+                continuous=engine, finish_scales=profile.stages[component].finish_per_sample > 0,
             )  # fmt: skip
     metrics = MetricsLog(coordinator.run_dir, False)
     history: list[dict[str, Any]] = []

@@ -35,8 +35,8 @@ from rlinf_hpc.apps.emulated.profiles import PROFILES, Profile, StageCost
 
 _KINDS = ("generate", "per_token", "per_sample")
 _NON_NEGATIVE = {
-    "seconds_per_token", "seconds_per_sample", "seconds_per_call", "finish_s", "state_gb",
-    "gb_per_sample", "weights_gb", "switch_light_s", "switch_full_s",
+    "seconds_per_token", "seconds_per_sample", "seconds_per_call", "finish_s", "finish_per_sample",
+    "state_gb", "gb_per_sample", "weights_gb", "switch_light_s", "switch_full_s",
 }  # fmt: skip
 _POSITIVE = {"decode_step_s", "bandwidth_gbps", "device_gb"}
 

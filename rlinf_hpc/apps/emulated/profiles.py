@@ -19,7 +19,9 @@ light / 217 ms full). The stage models:
   stage): the same cost per decode step, requests joining the running batch as slots free.
 * **reward** / **inference** / **actor** (``per_token``): compute-bound, ``seconds_per_token``
   times the tokens of the micro-batch, plus ``seconds_per_call``; the actor's optimizer step is
-  ``finish_s`` once per step.
+  ``finish_s`` once per step. A trainer that updates only once the step's samples are all in
+  (several epochs over them, as the math actor does) puts that work in its finish instead:
+  ``finish_per_sample`` seconds per sample the rank took.
 * **env** / **policy** (embodied, ``per_sample``): seconds per sample (a simulator step on CPU,
   a policy forward), plus ``seconds_per_call``.
 
@@ -47,6 +49,8 @@ class StageCost:
     seconds_per_call: float = 0.0
     #: Once per step, after the stage's last micro-batch (the actor's optimizer step).
     finish_s: float = 0.0
+    #: In that finish, per sample the rank took this step (an update over the step's samples).
+    finish_per_sample: float = 0.0
     #: Device memory held while resident, and per sample of the micro-batch in work.
     state_gb: float = 0.0
     gb_per_sample: float = 0.0
@@ -140,7 +144,8 @@ class Profile:
                 total += self.decode_step_s * per_step * longest + cost.seconds_per_call
             else:
                 total += self.stage_seconds(name, [longest])
-        return total + self.stages[stages[-1]].finish_s + self.sync_s
+        last = self.stages[stages[-1]]
+        return total + last.finish_s + last.finish_per_sample + self.sync_s
 
     def max_micro_batch(self, component: str) -> int | None:
         """The seed's rule for the largest micro-batch: 0.3 x (device - state) / per sample."""

@@ -163,15 +163,17 @@ class EmulatedStage(Worker):
             self._useful += seconds
 
     def finish(self) -> dict[str, Any]:
-        """End of the step (the actor's optimizer step); this rank's figures, then reset."""
-        self._sleep(self.cost.finish_s)
+        """End of the step (the actor's optimizer step, or its update over the samples it took:
+        ``finish_per_sample``); this rank's figures, then reset."""
+        finish = self.cost.finish_s + self.cost.finish_per_sample * self._items
+        self._sleep(finish)
         self._in_work = 0
         stats = {
             "rank": self.rank,
             "items": self._items,
             "tokens": self._tokens,
-            "slept_s": (self._slept + self.cost.finish_s) * self.scale,
-            "useful_s": (self._useful + self.cost.finish_s) * self.scale,
+            "slept_s": (self._slept + finish) * self.scale,
+            "useful_s": (self._useful + finish) * self.scale,
         }
         self._reset()
         return stats

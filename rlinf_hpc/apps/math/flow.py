@@ -235,7 +235,8 @@ def build_pipelines(coordinator: Coordinator) -> list[Pipeline]:
     for name, stages in parts:
         pipe = Pipeline(coordinator, name)
         for component, method, finish in stages:
-            pipe.stage(component, method, finish=finish)
+            # the actor's and critic's `update` trains on the samples the rank collected
+            pipe.stage(component, method, finish=finish, finish_scales=finish is not None)
         pipes.append(pipe)
     return pipes
 
