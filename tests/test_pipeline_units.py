@@ -59,6 +59,13 @@ def test_fixed_micro_batches_are_split_evenly() -> None:
     pipe.stage("a", "generate").stage("b", "learn")
     specs = pipe._stream_specs(["s0", "s1"])
     assert [s["policy"] for s in specs.values()] == ["round_robin", "round_robin"]
+    # elastic, a trainer whose finish trains on its share: even too (its per-micro-batch speed
+    # says nothing of that work)
+    pipe = _pipeline({"a": [1], "b": [2]})
+    pipe.stages.clear()
+    pipe.stage("a", "generate").stage("b", "collect", finish="update", finish_scales=True)
+    specs = pipe._stream_specs(["s0", "s1"])
+    assert [s["policy"] for s in specs.values()] == ["performance_aware", "round_robin"]
 
 
 def test_stage_names_must_be_components_once() -> None:

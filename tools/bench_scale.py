@@ -140,6 +140,8 @@ def work_split(
     for name in names:
         parts = name.split("+")
         per_item = sum(seconds(p, c) for p in parts for c in chunks(p)) / len(lengths)
+        # a trainer's update over the step's samples (its finish) is work per item too
+        per_item += sum(profile.stages[p].finish_per_sample for p in parts)
         costs.append(PhaseProfile(name, per_item))
     return split_ranks(costs, workers)
 

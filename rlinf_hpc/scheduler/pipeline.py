@@ -194,8 +194,12 @@ class Pipeline:
             # whatever its count, so a rank given a short last micro-batch read as slow and the
             # others as fast, and those got more (24 emulated ranks, a 7B profile with a 10%
             # tail: one rollout rank took 4-5 micro-batches of 32 while 18 took 2, and the step
-            # swung between 4.1 and 7.8 s).
-            balance = "round_robin" if stage.continuous or not config.elastic else config.balance
+            # swung between 4.1 and 7.8 s). And a stage whose finish trains on what the rank
+            # took (`finish_scales`): its work comes at the end, in proportion to its share,
+            # and its per-micro-batch speed says nothing of it (an emulated trainer's ranks got
+            # 90 to 424 of 1,024 samples, and the step waited on the one with 424).
+            even = stage.continuous or stage.finish_scales or not config.elastic
+            balance = "round_robin" if even else config.balance
             specs[names[index]] = {
                 "producers": producer,
                 "consumers": stage.component,
