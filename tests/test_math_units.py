@@ -157,3 +157,18 @@ def test_metrics_log_writes_jsonl_and_flattens_scalars(tmp_path: Path) -> None:
     log.close()
     assert json.loads((tmp_path / "metrics.jsonl").read_text()) == record
     MetricsLog(None).write(1, record)  # no run directory: nothing to write, no error
+
+
+def test_auto_models_the_update_per_sample_on_accelerators_only() -> None:
+    """On CPU ranks that share cores the collocated warm-up's update reads ~3x slow per sample
+    (contention, small per-rank batches): the finish stays constant there."""
+    from types import SimpleNamespace
+
+    from rlinf_hpc.apps.math.flow import _update_scales
+
+    def job(device: str) -> SimpleNamespace:
+        components = {"rollout": SimpleNamespace(device="cpu"), "actor": SimpleNamespace(device=device)}
+        return SimpleNamespace(config=SimpleNamespace(components=components))
+
+    assert _update_scales(job("cuda"), "update") and _update_scales(job("any"), "update")
+    assert not _update_scales(job("cpu"), "update") and not _update_scales(job("cuda"), None)
