@@ -228,7 +228,9 @@ class PipelineConfig(_Section):
         "performance_aware",
         description="How a stage's items are spread over the ranks of the next one (stages on the "
         "same ranks keep them local): by measured speed, by queued weight, or evenly by count "
-        "(what a trainer that splits each batch into equal shards does).",
+        "(what a trainer that splits each batch into equal shards does). Engines, fixed "
+        "micro-batches (elastic = false) and stages whose finish trains on what each rank took "
+        "always get an even split: no per-item speed describes their work.",
     )
 
     @model_validator(mode="after")
