@@ -170,5 +170,5 @@ def test_auto_models_the_update_per_sample_on_accelerators_only() -> None:
         components = {"rollout": SimpleNamespace(device="cpu"), "actor": SimpleNamespace(device=device)}
         return SimpleNamespace(config=SimpleNamespace(components=components))
 
-    assert _update_scales(job("cuda"), "update") and _update_scales(job("any"), "update")
-    assert not _update_scales(job("cpu"), "update") and not _update_scales(job("cuda"), None)
+    assert _update_scales(job("cuda"), "actor") and _update_scales(job("any"), "actor")
+    assert not _update_scales(job("cpu"), "actor") and not _update_scales(job("cuda"), "rollout")

@@ -60,6 +60,7 @@ class EmbodiedAuto:
         self.coordinator = coordinator
         config = coordinator.config
         self.enabled = config.placement.mode == "auto"
+        self.asynchronous = config.ppo.async_updates
         self.warmup = config.placement.auto_warmup_steps
         self.policy_ranks = config.components["policy"].num_ranks if self.enabled else 0
         self.iterations = 0
@@ -105,9 +106,8 @@ class EmbodiedAuto:
                 self._measured(record)
             return False
         self.iterations += 1
-        asynchronous = self.coordinator.config.ppo.async_updates
         if self.iterations == self.warmup:  # shared measured: try the split
-            self.estimates["shared"] = iteration_estimate(record, asynchronous, shared=True)
+            self.estimates["shared"] = iteration_estimate(record, self.asynchronous, shared=True)
             split = self.policy_ranks
             if not 0 < split < len(self.group):
                 self._decide("shared", f"no split of {len(self.group)} rank(s)")
@@ -121,7 +121,7 @@ class EmbodiedAuto:
             self.coordinator.group("actor").call("adopt_state", source).result()
             return False
         if self.iterations == 2 * self.warmup:  # split measured: keep the faster
-            self.estimates["split"] = iteration_estimate(record, asynchronous, shared=False)
+            self.estimates["split"] = iteration_estimate(record, self.asynchronous, shared=False)
             faster = min(self.estimates, key=self.estimates.__getitem__)
             if faster == "shared":
                 source = self.coordinator.placement.ranks_of("actor")[0]
@@ -133,21 +133,20 @@ class EmbodiedAuto:
 
     def _decide(self, choice: str, why: str) -> None:
         self.choice = choice
-        asynchronous = self.coordinator.config.ppo.async_updates
         log.info(
             "auto: per iteration%s %s (%s) -> %s",
-            " with asynchronous updates" if asynchronous else "",
+            " with asynchronous updates" if self.asynchronous else "",
             ", ".join(f"{k} {v:.3f} s" for k, v in self.estimates.items()), why, choice,
         )  # fmt: skip
         placement = self.coordinator.placement
         self.coordinator.record(
-            "auto_placement", choice=choice, estimates_s=dict(self.estimates), asynchronous=asynchronous,
+            "auto_placement", choice=choice, estimates_s=dict(self.estimates), asynchronous=self.asynchronous,
             policy=placement.ranks_of("policy"), actor=placement.ranks_of("actor"),
         )  # fmt: skip
 
     def _measured(self, record: dict[str, Any]) -> None:
         self.measured_s = record["iteration_s"]
-        expected = self.estimates[self.choice or "shared"]
+        expected = self.estimates[self.choice]
         log.info(
             "auto: %s iteration expected %.3f s, measured %.3f s (%+.0f%%)",
             self.choice, expected, self.measured_s, 100 * (self.measured_s - expected) / max(expected, 1e-9),

@@ -235,12 +235,13 @@ def build_pipelines(coordinator: Coordinator) -> list[Pipeline]:
     for name, stages in parts:
         pipe = Pipeline(coordinator, name)
         for component, method, finish in stages:
-            pipe.stage(component, method, finish=finish, finish_scales=_update_scales(coordinator, finish))
+            scales = finish is not None and _update_scales(coordinator, component)
+            pipe.stage(component, method, finish=finish, finish_scales=scales)
         pipes.append(pipe)
     return pipes
 
 
-def _update_scales(coordinator: Coordinator, finish: str | None) -> bool:
+def _update_scales(coordinator: Coordinator, component: str) -> bool:
     """Whether ``auto`` should model a trainer's finish (`update`: epochs over the samples the
     rank collected) as work per sample: yes on accelerators, where one rank's update over N/r
     samples takes about 1/r of N's. Not on CPU ranks sharing cores (this project's 2-core box):
@@ -249,13 +250,7 @@ def _update_scales(coordinator: Coordinator, finish: str | None) -> bool:
     (predicted disaggregated 4.0 s, measured 1.3-1.4 s); a constant finish comes closer there
     (1.36 s on-policy; 0.81 s against 1.15 measured off-policy). Modelling cores per node, and
     batch size's effect on a CPU's speed, would lift this."""
-    if finish is None:
-        return False
-    return any(
-        coordinator.config.components[name].device != "cpu"
-        for name in ("actor", "critic")
-        if name in coordinator.config.components
-    )
+    return coordinator.config.components[component].device != "cpu"
 
 
 def bubble_fraction(stages: list[dict[str, Any]], seconds: float) -> float:
