@@ -338,3 +338,36 @@ def test_a_batch_bound_stage_waits_for_a_full_micro_batch_no_longer_than_one_tak
         assert max(ran["micro_batches"]) <= 3, ran["micro_batches"]  # ~40 ms of waiting: 1-2 items
     else:
         assert ran["micro_batches"] == [8, 8]
+
+
+def test_auto_profiles_see_a_streamed_batch_and_the_backlog_at_its_end() -> None:
+    """A micro-batched stage that streams (a static batch handing over finished responses) has
+    its first output before its micro-batch ends; a stage on ranks apart from its upstream
+    drains for as long as it ran after the upstream's last output, when that is longer than
+    its last micro-batch (the long tail's heavy items queued there) — but not a stage that
+    shares its upstream's ranks, whose input was there before it began."""
+    pipe = _pipeline({"a": [1, 2], "b": [3], "c": [3]})
+    pipe.stages.clear()
+    pipe.stage("a", "generate").stage("b", "learn").stage("c", "score")
+    gen = {"items": 16, "busy_s": 5.0, "switch_s": 0.0, "last_s": 5.0, "last_items": 16}
+    per_rank = [
+        [
+            {**gen, "rank": 1, "first_output_s": 0.3, "last_output_at": 105.0, "ended_at": 105.0},
+            {**gen, "rank": 2, "first_output_s": 0.5, "last_output_at": 105.7, "ended_at": 105.7},
+        ],
+        [{"rank": 3, "items": 32, "busy_s": 4.0, "switch_s": 0.0, "last_s": 1.1, "last_items": 11,
+          "first_output_s": None, "last_output_at": 108.8, "ended_at": 108.8}],
+        [{"rank": 3, "items": 32, "busy_s": 0.4, "switch_s": 0.0, "last_s": 0.1, "last_items": 11,
+          "first_output_s": None, "last_output_at": 109.0, "ended_at": 109.0}],
+    ]  # fmt: skip
+    a, b, c = profiles_from_step(pipe, StepResult(1, [], {}, 9.0, "disaggregated", [], per_rank))
+    assert a.first_output_seconds == pytest.approx(0.4) and a.latency_seconds is None
+    assert b.first_output_seconds == 0.0
+    assert b.drain_seconds == pytest.approx(3.1) and b.drain_items == 11  # 108.8 - 105.7
+    assert c.drain_seconds == pytest.approx(0.1)  # on b's rank: its own last micro-batch
+    # the model: downstream waits for the first streamed output, not the whole batch
+    one = placement_time([a, b, c], 32, 16, [{1, 2}, {3}, {3}])
+    whole = placement_time([replace(a, first_output_seconds=0.0), b, c], 32, 16, [{1, 2}, {3}, {3}])
+    # a's ranks: 5.0 s of work, then b and c on rank 3 after a's last output: 4.2 s; b and c's
+    # 4.4 s of work begin at a's first output, 0.4 s in (not 5.0 s in, after a whole batch)
+    assert (one, whole) == (pytest.approx(9.2), pytest.approx(9.4))

@@ -76,12 +76,19 @@ class PhaseProfile:
     start_seconds: float = 0.0
     #: A micro-batched stage: the longest its last micro-batch of the step took on a rank. The
     #: last items of a long-tailed stream are its longest responses, so the step's last item
-    #: may take longer through the stage than a micro-batch of the mean (0: not measured).
+    #: may take longer through the stage than a micro-batch of the mean (0: not measured). On
+    #: ranks apart from its upstream, how long after the upstream's last output it ended, if
+    #: longer: the heavy last items queue there (`autoplace.profiles_from_step`).
     drain_seconds: float = 0.0
     #: The items of that micro-batch (0: not known). Predicted at smaller micro-batches, the
     #: drain shrinks in proportion: a collocated warm-up's last micro-batch is a rank's whole
     #: share, and its time is not how long the last item takes through micro-batches of 4.
     drain_items: int = 0
+
+    #: A micro-batched stage whose method streams its outputs (a static batch handing over
+    #: the responses that finished while the rest still decode): seconds from a micro-batch's
+    #: start to its first output (0: not streamed, its first output is the whole micro-batch).
+    first_output_seconds: float = 0.0
 
     #: A finish whose work grows with the rank's share (an update over the step's samples):
     #: seconds per item of the share, on top of ``finish_seconds`` (`finish_at`).
@@ -303,7 +310,7 @@ def placement_time(
             else:  # a micro-batch runs on one rank: the ranks share the work, not its latency
                 one = sizes[i] * p.seconds_per_item + p.overhead_per_micro_batch
                 full.append(math.ceil(num_items / sizes[i]) * one / len(ranks))
-                first.append(one)
+                first.append(min(one, p.first_output_seconds) if p.first_output_seconds > 0 else one)
                 last.append(max(one, p.drain_at(sizes[i])))
         lead = profiles[members[0]]
         fed_from_elsewhere = len(members) > 1 and all(i - 1 not in members for i in members[1:])

@@ -52,8 +52,11 @@ def run_stage(worker: Worker, spec: StageSpec) -> dict[str, Any]:
     source = worker.channel(spec.source)
     sink = worker.channel(spec.sink) if spec.sink else None
     outputs: list[Any] = []
+    last_output_at = None  # wall clock (`time.time`): compared across ranks by the cost model
 
     def put(chunk: list[Any]) -> None:
+        nonlocal last_output_at
+        last_output_at = time.time()
         if sink is not None:
             sink.put_batch(chunk, [_weight(x, spec.weight_key) for x in chunk])
         else:
@@ -63,6 +66,7 @@ def run_stage(worker: Worker, spec: StageSpec) -> dict[str, Any]:
         ran = run_continuous(worker, spec, method, source, put)
     else:
         ran = _run_micro_batches(worker, spec, method, source, sink, put)
+    ended_at = time.time()
     if sink is not None:
         sink.close()
     finish_started = time.monotonic()
@@ -72,6 +76,8 @@ def run_stage(worker: Worker, spec: StageSpec) -> dict[str, Any]:
         "rank": worker.rank,
         "component": worker.component,
         **ran,
+        "ended_at": ended_at,
+        "last_output_at": last_output_at,
         "finish_s": finish_s,
         "switch_s": worker.last_switch_s,
         "outputs": outputs,
@@ -107,6 +113,7 @@ def _run_micro_batches(
     hook = worker.comm.span_hook
     ended = False
     opened, first_wait_s = time.monotonic(), None
+    first_output_s = None  # a streaming method's first micro-batch: its first output
     while not ended:
         asked = time.monotonic()
         batch = []
@@ -141,6 +148,8 @@ def _run_micro_batches(
         chunks = produced if inspect.isgenerator(produced) else [produced]
         for chunk in chunks:  # a generator streams its outputs as they are ready
             if chunk is not None:
+                if first_output_s is None and chunks is produced:
+                    first_output_s = time.monotonic() - started
                 put(list(chunk))
         meter.stop(len(batch))
         took = time.monotonic() - started
@@ -169,7 +178,7 @@ def _run_micro_batches(
         "busy_s": busy_s,
         "wait_s": wait_s,
         "first_wait_s": first_wait_s or 0.0,
-        "first_output_s": None,
+        "first_output_s": first_output_s,
         "last_s": last_s,  # the last micro-batch: a long-tailed stream's last items are its longest
         "last_items": sizes[-1] if sizes else 0,
     }
