@@ -62,10 +62,11 @@ class EngineModel:
     #: out — requests arriving over time rather than all at once, the host's own delays.
     calibration: float = 1.0
     #: Partial rollouts: the engine stops once all its requests have started and at most this
-    #: fraction of them still decode (the rest goes on in its next step). Its time is then
-    #: the fixed cost of the decode steps up to that point plus the per-sequence cost of a
-    #: step's worth of tokens (in a steady state every token is decoded once, in one step or
-    #: the next).
+    #: fraction of them still decode (the rest goes on in its next step, admitted first). Its
+    #: time is then the fixed cost of the decode steps up to that point plus the per-sequence
+    #: cost of a step's worth of tokens (in a steady state every token is decoded once, in one
+    #: step or the next). The requests a step carries in are modelled too, from a step before
+    #: it drawn alike: they hold slots first, so the step's last requests start later.
     stop_fraction: float = 0.0
     #: Per model (not copied by `dataclasses.replace`: a changed copy predicts anew).
     _memo: dict[tuple[int, int], tuple[float, ...]] = field(
@@ -103,23 +104,45 @@ class EngineModel:
         key = (n, count)
         if key not in self._memo:
             if len(set(self.lengths)) == 1:  # nothing to draw: every engine alike
-                self._memo[key] = (self._time([self.lengths[0]] * n),) * count
+                same = [self.lengths[0]] * n
+                self._memo[key] = (self._time(same, self._carried(same)),) * count
             else:
                 sums = [0.0] * count
                 for draw in range(self.draws):
                     rng = random.Random(draw * 1_000_003 + n * 101 + engines)
-                    times = sorted(self._time(rng.choices(self.lengths, k=n)) for _ in range(count))
+                    times = sorted(self._drawn_time(rng, n) for _ in range(count))
                     sums = [total + value for total, value in zip(sums, times, strict=True)]
                 self._memo[key] = tuple(total / self.draws for total in sums)
         return self._memo[key]
 
-    def _time(self, lengths: list[int]) -> float:
-        ends = slot_ends(lengths, self.slots)
+    def _drawn_time(self, rng: random.Random, n: int) -> float:
+        lengths = rng.choices(self.lengths, k=n)
+        before = rng.choices(self.lengths, k=n) if self.stop_fraction > 0 else []
+        return self._time(lengths, self._carried(before))
+
+    def _stop(self, lengths: list[int], carried: list[int]) -> tuple[int, list[int]]:
+        """Decode steps until the engine stops on ``carried`` (admitted first) and then
+        ``lengths``, and the steps left of each request it carries on."""
+        requests = carried + lengths
+        ends = slot_ends(requests, self.slots)
         steps = max(ends)
         if self.stop_fraction > 0:
-            running = min(len(lengths) - 1, math.floor(self.stop_fraction * len(lengths)))  # go on next step
-            last_start = max(end - length for end, length in zip(ends, lengths, strict=True))
+            # at most this many go on in the next step
+            running = min(len(requests) - 1, math.floor(self.stop_fraction * len(requests)))
+            last_start = max(end - length for end, length in zip(ends, requests, strict=True))
             steps = max(last_start, sorted(ends)[len(ends) - running - 1])
+        return steps, [end - steps for end in ends if end > steps]
+
+    def _carried(self, before: list[int]) -> list[int]:
+        """What a step on ``before`` leaves to the next (partial rollouts; [] otherwise).
+
+        >>> EngineModel(0.0, 0.0, 4, (1,), stop_fraction=0.25)._carried([10, 1, 1, 1])
+        [9]
+        """
+        return self._stop(before, [])[1] if self.stop_fraction > 0 and before else []
+
+    def _time(self, lengths: list[int], carried: list[int]) -> float:
+        steps, _ = self._stop(lengths, carried)
         return self.calibration * (self.step_s * steps + self.seq_step_s * sum(lengths))
 
     def calibrated(self, busy_s: list[float], items: list[int]) -> EngineModel:
