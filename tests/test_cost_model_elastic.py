@@ -6,16 +6,9 @@ import math
 
 import pytest
 
-from rlinf_hpc.scheduler.cost_model import (
-    EngineModel,
-    PhaseProfile,
-    pipeline_time,
-    placement_time,
-    predict,
-    predict_ahead,
-    split_ranks,
-)
+from rlinf_hpc.scheduler.cost_model import EngineModel, PhaseProfile, pipeline_time, placement_time
 from rlinf_hpc.scheduler.elastic import ElasticBatching
+from rlinf_hpc.scheduler.rank_split import predict, predict_ahead, split_ranks
 
 
 @pytest.mark.parametrize(

@@ -29,7 +29,7 @@ responses (lengths are a function of seed and step):
   fixed pipeline's micro-batches (the off-policy effect without the elastic controller's);
   ``off_policy_auto``: one-step off-policy with ``auto``, which places the two pipelines as one
   (a collocated warm-up of both, then the split whose longer pipeline is shortest:
-  `cost_model.predict_ahead`) instead of taking the on-policy hand split;
+  `rank_split.predict_ahead`) instead of taking the on-policy hand split;
 * ``off_policy_partial``: ``hybrid`` — every stage before the trainer on shared ranks, the
   trainer on its own — with one-step off-policy and **partial rollouts** (an engine stops when
   20% of its step's requests still decode and goes on with them next step; a response spans at
@@ -83,7 +83,8 @@ sys.path.insert(0, str(REPO))
 
 from rlinf_hpc.apps.emulated.profile_file import ProfileError, get_profile  # noqa: E402
 from rlinf_hpc.apps.emulated.profiles import PROFILES, Profile  # noqa: E402
-from rlinf_hpc.scheduler.cost_model import PhaseProfile, split_ranks  # noqa: E402
+from rlinf_hpc.scheduler.cost_model import PhaseProfile  # noqa: E402
+from rlinf_hpc.scheduler.rank_split import split_ranks  # noqa: E402
 
 REQUIRED = {
     "best_vs_centralized": (">=", 1.5),

@@ -3,7 +3,7 @@
 The job starts with every component on every worker rank. After ``auto_warmup_steps`` pipeline
 steps, each stage's measured seconds per item (its slowest rank's busy time over an even share),
 switch time, finish time and (an engine's) time to first output become a `PhaseProfile`;
-`cost_model.predict` compares collocated against a disaggregated split of the worker ranks in
+`rank_split.predict` compares collocated against a disaggregated split of the worker ranks in
 proportion to the stages' work (an engine that reports its steps is modelled instead:
 `engine_model.EngineModel`, its time on another share of the requests). If disaggregated wins,
 the coordinator re-partitions (ranks leave the components they no longer host, their state is
@@ -14,7 +14,7 @@ stage's largest micro-batch by its device memory after its first step:
 
 One-step off-policy RL runs two pipelines at once (`off_policy.OneStepAhead`): they share one
 `AutoPlacement` (`Pipeline.place_together`), whose warm-up runs both collocated, and
-`cost_model.predict_ahead` splits the ranks between generation and training so that the longer
+`rank_split.predict_ahead` splits the ranks between generation and training so that the longer
 of the two is shortest.
 """
 
@@ -24,8 +24,9 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from rlinf_hpc.log import get_logger
-from rlinf_hpc.scheduler.cost_model import PhaseProfile, Prediction, predict, predict_ahead
+from rlinf_hpc.scheduler.cost_model import PhaseProfile
 from rlinf_hpc.scheduler.engine_model import EngineModel, fit_engine
+from rlinf_hpc.scheduler.rank_split import Prediction, predict, predict_ahead
 
 if TYPE_CHECKING:
     from rlinf_hpc.scheduler.coordinator import Coordinator

@@ -133,7 +133,7 @@ class Pipeline:
     def place_together(self, *others: Pipeline) -> None:
         """Pipelines that run at the same time (one-step off-policy: this one generates, the
         others train) are placed as one by ``auto``: one warm-up, one decision for all their
-        stages (`cost_model.predict_ahead`). Nothing to do with a placement of the config's."""
+        stages (`rank_split.predict_ahead`). Nothing to do with a placement of the config's."""
         if self._auto is None:
             return
         for other in others:

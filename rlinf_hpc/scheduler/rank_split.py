@@ -1,0 +1,203 @@
+"""The choice ``auto`` makes from measured phase times: how to split the worker ranks among the
+stages (`split_ranks`), and collocated against that split (`predict`; one-step off-policy's two
+pipelines side by side: `predict_ahead`), each predicted by `cost_model.placement_time`.
+
+>>> from rlinf_hpc.scheduler.cost_model import PhaseProfile
+>>> gen = PhaseProfile("gen", 0.03, switch_seconds=0.2)
+>>> train = PhaseProfile("train", 0.01, switch_seconds=0.2)
+>>> predict([gen, train], 64, 8, 4)  # collocated: 64 x 0.04 / 4 + two switches
+Prediction(collocated=1.04, disaggregated=0.88, ranks_per_phase={'gen': 3, 'train': 1})
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from rlinf_hpc.scheduler.cost_model import PhaseProfile, collocated_time, placement_time
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Predicted step time of each placement, and the choice."""
+
+    collocated: float
+    disaggregated: float
+    ranks_per_phase: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def choice(self) -> str:
+        return "collocated" if self.collocated <= self.disaggregated else "disaggregated"
+
+
+def split_ranks(
+    profiles: list[PhaseProfile],
+    num_ranks: int,
+    num_items: int | None = None,
+    micro_batch: int | None = None,
+) -> dict[str, int]:
+    """Give each phase ranks in proportion to its work (at least one each): one rank each,
+    then every further rank to the phase that is slowest per rank — the split whose bottleneck
+    is smallest (rounding shares down first once left a 2-rank phase 1 rank, doubling the step).
+
+    With an engine among the phases (its time is not proportional to its share) and
+    ``num_items``/``micro_batch`` given, ranks go where they shorten the predicted step
+    (`placement_time`) most per rank instead, looking past plateaus (an engine gains nothing
+    from a rank until its requests fit in one wave fewer) and past its longest response, where
+    an engine gains nothing at all; ranks that shorten nothing are given out as above.
+
+    >>> split_ranks([PhaseProfile("gen", 2.75), PhaseProfile("train", 0.45)], 15)
+    {'gen': 13, 'train': 2}
+    """
+    if num_ranks < len(profiles):
+        raise ValueError(f"{len(profiles)} phases cannot run disaggregated on {num_ranks} ranks")
+    work = {p.name: p.seconds_per_item + p.finish_per_item for p in profiles}
+    shares = dict.fromkeys(work, 1)
+    if num_items is not None and micro_batch is not None and any(p.engine for p in profiles):
+        now = _split_time(profiles, shares, num_items, micro_batch)
+        while sum(shares.values()) < num_ranks:
+            left, best = num_ranks - sum(shares.values()), None
+            for name in shares:
+                for extra in range(1, left + 1):
+                    trial = {**shares, name: shares[name] + extra}
+                    time = _split_time(profiles, trial, num_items, micro_batch)
+                    gain = (now - time) / extra
+                    if gain > 1e-9 * now and (best is None or gain > best[0]):
+                        best = (gain, name, extra, time)
+            if best is None:
+                break
+            shares[best[1]] += best[2]
+            now = best[3]
+    while sum(shares.values()) < num_ranks:  # each rank where it shortens the bottleneck
+        slowest = max(shares, key=lambda n: work[n] / shares[n])
+        shares[slowest] += 1
+    return shares
+
+
+def _split_time(
+    profiles: list[PhaseProfile], shares: dict[str, int], num_items: int, micro_batch: int
+) -> float:
+    return placement_time(profiles, num_items, micro_batch, _disjoint_sets(profiles, shares))
+
+
+def _disjoint_sets(profiles: list[PhaseProfile], shares: dict[str, int]) -> list[set[int]]:
+    """Rank sets of the shares' sizes, one after the other, in the profiles' order."""
+    sets, first = [], 0
+    for p in profiles:
+        sets.append(set(range(first, first + shares[p.name])))
+        first += shares[p.name]
+    return sets
+
+
+def predict(
+    profiles: list[PhaseProfile],
+    num_items: int,
+    micro_batch: int,
+    num_ranks: int,
+    measured_collocated: float | None = None,
+) -> Prediction:
+    """Collocated vs disaggregated step time for ``num_items`` items on ``num_ranks`` ranks.
+
+    ``measured_collocated``: the step time a collocated warm-up measured. What it took beyond
+    the model (the runtime's own cost: a call and its reply per stage and rank, switch-ins,
+    the coordinator's fan-out) is charged per stage call, so collocated is predicted as measured
+    and disaggregated — one call per rank instead of one per stage on every rank — pays its
+    share (at 32 emulated ranks: 0.23 s of a 1.6 s collocated step over 4 stages).
+
+    >>> a, b = PhaseProfile("a", 0.01), PhaseProfile("b", 0.01)
+    >>> predict([a, b], 100, 10, 4).collocated, predict([a, b], 100, 10, 4).disaggregated
+    (0.5, 0.6)
+    >>> p = predict([a, b], 100, 10, 4, measured_collocated=0.9)  # 0.4 s over, 2 stages
+    >>> round(p.collocated, 3), round(p.disaggregated, 3)
+    (0.9, 0.8)
+    """
+    if num_items < 1 or micro_batch < 1:
+        raise ValueError("num_items and micro_batch must be >= 1")
+    micro_batches = math.ceil(num_items / micro_batch)
+    # collocated: each phase uses every rank on the whole batch, one micro-batch per rank share
+    phases = [
+        p.share_seconds(num_items, num_ranks)
+        + math.ceil(micro_batches / num_ranks) * p.overhead_per_micro_batch
+        for p in profiles
+    ]
+    together = (
+        profiles[0].start_seconds
+        + collocated_time(phases, [p.switch_seconds for p in profiles])
+        + profiles[-1].finish_at(num_items, num_ranks)
+    )
+    if num_ranks < len(profiles):
+        return Prediction(max(together, measured_collocated or 0.0), math.inf, {})
+    ranks = split_ranks(profiles, num_ranks, num_items, micro_batch)
+    apart = _split_time(profiles, ranks, num_items, micro_batch)
+    if measured_collocated is not None and measured_collocated > together:
+        # per rank: one call per stage collocated, one call disaggregated
+        together, apart = measured_collocated, apart + (measured_collocated - together) / len(profiles)
+    return Prediction(together, apart, ranks)
+
+
+def predict_ahead(
+    generation: list[PhaseProfile],
+    training: list[PhaseProfile],
+    num_items: tuple[int, int],
+    micro_batch: int,
+    num_ranks: int,
+    measured_collocated: float | None = None,
+) -> Prediction:
+    """Collocated vs disaggregated step time of one-step off-policy RL: the generation
+    pipeline (``num_items[0]`` items of step t+1) and the training pipeline (``num_items[1]``
+    samples of step t) start together and the step ends with the longer of the two.
+
+    Collocated, every stage of both runs on every rank, the two pipelines taking turns: their
+    work adds up. Disaggregated, the ranks are split between the pipelines and each pipeline's
+    share among its stages as `predict` splits one pipeline (`split_ranks`), at the split whose
+    longer pipeline is shortest — not the on-policy split: there the trainer's ranks are sized
+    to keep pace with the stream of responses, here to end when generation ends.
+    ``measured_collocated``: the warm-up's step, charged as in `predict`.
+
+    >>> gen = [PhaseProfile("gen", 0.04, switch_seconds=0.1)]
+    >>> train = [PhaseProfile("train", 0.02, switch_seconds=0.1, finish_seconds=0.1)]
+    >>> p = predict_ahead(gen, train, (60, 60), 6, 6)  # 0.4 + 0.3 + switches; max(0.6, 0.7)
+    >>> round(p.collocated, 3), round(p.disaggregated, 3), p.ranks_per_phase
+    (0.9, 0.7, {'gen': 4, 'train': 2})
+    """
+    if min(num_items) < 1 or micro_batch < 1:
+        raise ValueError("num_items and micro_batch must be >= 1")
+    together = sum(
+        predict(profiles, items, micro_batch, num_ranks).collocated
+        for profiles, items in zip((generation, training), num_items, strict=True)
+    )
+    times: dict[int, tuple[float, float, dict[str, int]]] = {}
+
+    def split(ranks: int) -> tuple[float, float, dict[str, int]]:
+        """Generation's and training's time with ``ranks`` ranks generating, and the shares."""
+        if ranks not in times:
+            shares, spans = {}, []
+            for profiles, items, count in zip(
+                (generation, training), num_items, (ranks, num_ranks - ranks), strict=True
+            ):
+                own = split_ranks(profiles, count, items, micro_batch)
+                spans.append(_split_time(profiles, own, items, micro_batch))
+                shares.update(own)
+            times[ranks] = (spans[0], spans[1], shares)
+        return times[ranks]
+
+    # generation's time falls as it gets ranks and training's rises: bisect for where they
+    # cross (a linear scan costs O(ranks^3) placement models, 1.3 s at 64 ranks), then look
+    # about it (a plateau of an engine's waves is not strictly monotone)
+    low, high = len(generation), num_ranks - len(training)
+    if low > high:
+        return Prediction(together, math.inf, {})
+    while low < high:
+        middle = (low + high) // 2
+        gen_s, train_s, _ = split(middle)
+        if gen_s <= train_s:
+            high = middle
+        else:
+            low = middle + 1
+    near = range(max(len(generation), low - 2), min(num_ranks - len(training), low + 2) + 1)
+    best = min(near, key=lambda n: max(split(n)[:2]))
+    apart, shares = max(split(best)[:2]), split(best)[2]
+    stages = len(generation) + len(training)
+    if measured_collocated is not None and measured_collocated > together:
+        together, apart = measured_collocated, apart + (measured_collocated - together) / stages
+    return Prediction(together, apart, shares)
