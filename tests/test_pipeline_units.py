@@ -341,6 +341,24 @@ def test_a_batch_bound_stage_waits_for_a_full_micro_batch_no_longer_than_one_tak
         assert ran["micro_batches"] == [8, 8]
 
 
+@pytest.mark.parametrize(("first_size", "floor", "first"), [(None, 2, 16), (4, 2, 4), (4, 8, 8)])
+def test_a_stage_starts_at_the_size_auto_gives_after_a_move(first_size, floor, first) -> None:
+    """An elastic stage starts a step at the size its ranks carried (64 here: all 16 items at
+    once), unless the pipeline gives a first size (``auto`` moved the ranks and predicted the
+    new placement at that size) — but not below a size found to cost more per item."""
+    from rlinf_hpc.scheduler.protocol import StageSpec
+    from rlinf_hpc.workers.stage import _run_micro_batches
+
+    worker, out = _BatchBoundWorker(), []
+    worker.stage_sizes["process"] = 64
+    spec = StageSpec("process", "in", None, micro_batch=32, min_micro_batch=2, max_micro_batch=64,
+                     first_size=first_size)  # fmt: skip
+    key = (spec.method, spec.min_micro_batch, spec.max_micro_batch, spec.micro_batch)
+    worker.elastic_knowledge[key] = {"per_item": {}, "floor": floor, "ceiling": 64, "trial": None, "since": 0}
+    ran = _run_micro_batches(worker, spec, worker.process, _Trickle(16, 0.0), None, out.extend)
+    assert ran["micro_batches"][0] == first and out == list(range(16))
+
+
 def test_auto_profiles_see_a_streamed_batch_and_the_backlog_at_its_end() -> None:
     """A micro-batched stage that streams (a static batch handing over finished responses) has
     its first output before its micro-batch ends; a stage on ranks apart from its upstream

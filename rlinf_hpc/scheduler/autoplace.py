@@ -249,6 +249,10 @@ class AutoPlacement:
         if prediction.choice == "disaggregated":
             for pipeline in members:
                 pipeline.close()  # finished streams must not follow the ranks around
+                if config.elastic:  # start where the prediction did, not at the warm-up's sizes
+                    pipeline.first_sizes = {
+                        s.component: micro_batch for s in pipeline.stages if not s.continuous
+                    }
             groups, start = {}, 0
             for profile in (p for group in profiles for p in group):
                 count = prediction.ranks_per_phase[profile.name]

@@ -95,6 +95,9 @@ class Pipeline:
         self.running = False
         #: Component -> the largest micro-batch its device memory allows (`bound_micro_batches`).
         self.micro_batch_bounds: dict[str, int] = {}
+        #: Component -> the size its elastic micro-batches start at in the next step, instead
+        #: of the size its ranks carried (set by ``auto`` when it moves the ranks; used once).
+        self.first_sizes: dict[str, int] = {}
         self._bounded = False
 
     def stage(
@@ -243,6 +246,7 @@ class Pipeline:
                 stage.weight_key,
                 index + 1 < len(names) and specs[names[index + 1]]["policy"] != "local_first",
                 stage.continuous,
+                self.first_sizes.pop(stage.component, None),
             )
             futures.append(coordinator.group(stage.component).call("run_stage", spec.as_dict()))
         return futures

@@ -139,6 +139,10 @@ class StageSpec:
     #: Run ``method(feed)`` once per step, admitting items as it has room (an engine with its
     #: own continuous batching; `rlinf_hpc.workers.continuous`), instead of per micro-batch.
     continuous: bool = False
+    #: An elastic stage's first micro-batch size this step, instead of the one its ranks
+    #: carried from the step before (`Pipeline.first_sizes`: ``auto`` just moved the ranks, and
+    #: sizes learnt on the old placement say nothing of the new one).
+    first_size: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

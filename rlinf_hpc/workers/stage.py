@@ -95,16 +95,20 @@ def _run_micro_batches(
 ) -> dict[str, Any]:
     """Micro-batch by micro-batch until the input ends (sizes elastic)."""
     carried = worker.stage_sizes  # sizes carry over between steps (and into checkpoints)
+    key = (spec.method, spec.min_micro_batch, spec.max_micro_batch, spec.micro_batch)
+    knowledge = worker.elastic_knowledge.setdefault(key, {})
+    size = carried.get(spec.method, spec.micro_batch) if spec.elastic else spec.micro_batch
+    if spec.elastic and spec.first_size:  # not below a size found to cost more per item
+        size = max(spec.first_size, knowledge.get("floor", spec.min_micro_batch))
     batching = ElasticBatching(
         spec.min_micro_batch,
         spec.max_micro_batch,
-        carried.get(spec.method, spec.micro_batch) if spec.elastic else spec.micro_batch,
+        size,
         spec.wait_threshold_s,
         spec.memory_threshold,
         start=spec.micro_batch,
     )
-    key = (spec.method, spec.min_micro_batch, spec.max_micro_batch, spec.micro_batch)
-    batching.adopt(worker.elastic_knowledge.setdefault(key, {}))
+    batching.adopt(knowledge)
     meter = worker.sample_memory
     sizes: list[int] = []
     changes: list[dict[str, Any]] = []
