@@ -359,6 +359,26 @@ def test_a_stage_starts_at_the_size_auto_gives_after_a_move(first_size, floor, f
     assert ran["micro_batches"][0] == first and out == list(range(16))
 
 
+def test_a_first_size_is_on_probation_like_a_halving() -> None:
+    """The size ``auto`` starts a stage at after a move is a change on probation: where it
+    costs much more per item than the size the ranks carried (the math rollout on CPU: 1.8x
+    at 2 prompts than at 8), the stage goes back to that size and no smaller from then on."""
+    from rlinf_hpc.scheduler.protocol import StageSpec
+    from rlinf_hpc.workers.stage import _run_micro_batches
+
+    worker, out = _BatchBoundWorker(), []  # 5 ms per item at any size
+    worker.stage_sizes["process"] = 64
+    spec = StageSpec(
+        "process", "in", None, micro_batch=32, min_micro_batch=2, max_micro_batch=64, first_size=4
+    )
+    key = (spec.method, spec.min_micro_batch, spec.max_micro_batch, spec.micro_batch)
+    knowledge = {"per_item": {64: (0.064, 64, 64.0)}, "floor": 2, "ceiling": 64, "trial": None, "since": 0}
+    worker.elastic_knowledge[key] = knowledge  # 1 ms per item at 64, measured on the old ranks
+    ran = _run_micro_batches(worker, spec, worker.process, _Trickle(24, 0.0), None, out.extend)
+    assert ran["micro_batches"] == [4, 4, 4, 4, 8] and out == list(range(24))
+    assert knowledge["floor"] == 64 and "back to 64" in ran["changes"][0]["reason"]
+
+
 def test_auto_profiles_see_a_streamed_batch_and_the_backlog_at_its_end() -> None:
     """A micro-batched stage that streams (a static batch handing over finished responses) has
     its first output before its micro-batch ends; a stage on ranks apart from its upstream

@@ -99,7 +99,10 @@ def _run_micro_batches(
     knowledge = worker.elastic_knowledge.setdefault(key, {})
     size = carried.get(spec.method, spec.micro_batch) if spec.elastic else spec.micro_batch
     if spec.elastic and spec.first_size:  # not below a size found to cost more per item
-        size = max(spec.first_size, knowledge.get("floor", spec.min_micro_batch))
+        first = max(spec.first_size, knowledge.get("floor", spec.min_micro_batch))
+        if first < size and knowledge:  # on probation, as a halving: back if costlier per item
+            knowledge["trial"], knowledge["since"] = size, 0
+        size = first
     batching = ElasticBatching(
         spec.min_micro_batch,
         spec.max_micro_batch,
