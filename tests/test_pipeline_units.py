@@ -359,6 +359,19 @@ def test_a_stage_starts_at_the_size_auto_gives_after_a_move(first_size, floor, f
     assert ran["micro_batches"][0] == first and out == list(range(16))
 
 
+def test_auto_first_sizes_survive_a_checkpoint_taken_before_they_are_used() -> None:
+    """``auto`` moved the ranks and set the sizes the next step starts at; a checkpoint in
+    between keeps them (and one from before they existed loads without)."""
+    pipe = _pipeline({"a": [1], "b": [2]})
+    pipe.first_sizes = {"a": 2, "b": 2}
+    again = _pipeline({"a": [1], "b": [2]})
+    again.load_state_dict(pipe.state_dict())
+    assert again.first_sizes == {"a": 2, "b": 2}
+    old = {k: v for k, v in pipe.state_dict().items() if k != "first_sizes"}
+    again.load_state_dict(old)
+    assert again.first_sizes == {}
+
+
 def test_a_first_size_is_on_probation_like_a_halving() -> None:
     """The size ``auto`` starts a stage at after a move is a change on probation: where it
     costs much more per item than the size the ranks carried (the math rollout on CPU: 1.8x

@@ -165,11 +165,13 @@ class Pipeline:
             "step": self._step,
             "auto": self._auto.state_dict() if self._auto else None,
             "micro_batch_bounds": dict(self.micro_batch_bounds),
+            "first_sizes": dict(self.first_sizes),  # auto moved the ranks, no step ran since
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._step = state["step"]
         self.micro_batch_bounds = dict(state.get("micro_batch_bounds", {}))
+        self.first_sizes = dict(state.get("first_sizes", {}))
         self._bounded = bool(self.micro_batch_bounds)
         if self._auto is not None and state["auto"] is not None:
             self._auto.load_state_dict(state["auto"])
