@@ -94,3 +94,22 @@ def test_trace_of_a_directory_without_timeline(tmp_path: Path) -> None:
     assert_user_error(rlinf("trace", str(tmp_path)), "timeline.jsonl' does not exist", "--run-dir")
     (tmp_path / "timeline.jsonl").write_text("not json\n")
     assert_user_error(rlinf("trace", str(tmp_path)), "is not a timeline written by rlinf-hpc")
+
+
+def test_a_wide_table_in_a_file_keeps_every_cell_whole(capsys) -> None:
+    """Rank 0's tables go to job output files at 120 columns; one wider than that (bench_scale's
+    11 columns) is printed at its own width, not with cut cells that read alike; a narrow one
+    stays as it was."""
+    from rlinf_hpc.runtime.console import print_table
+
+    modes = ["off_policy_auto", "off_policy_fixed", "off_policy_partial"]
+    columns = ["profile", "ranks", "mode", "placement", "step s", "wall s", "predicted s", "idle",
+               "coordinator", "lag", "micro-batch"]  # fmt: skip
+    rows = [["rev-tight", "24", m, "auto:disaggregated", "6.078", "6.091", "6.014", "57%", "1.6%", "1",
+             "rollout:32 reward:1.92 inference:2.5 actor:2.98"] for m in modes]  # fmt: skip
+    print_table("EMULATED", columns, rows)
+    wide = capsys.readouterr().out
+    assert "…" not in wide and all(m in wide for m in modes) and "auto:disaggregated" in wide
+    assert max(len(line) for line in wide.splitlines()) > 120
+    print_table("short", ["a", "b"], [["1", "2"]])
+    assert max(len(line) for line in capsys.readouterr().out.splitlines()) < 40

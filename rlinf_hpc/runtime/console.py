@@ -6,6 +6,7 @@ import sys
 from collections.abc import Sequence
 
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 
 
@@ -22,6 +23,9 @@ def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]
     for row in rows:
         table.add_row(*row)
     out = console()
+    wanted = Measurement.get(out, out.options.update_width(10_000), table).maximum
+    if not sys.stdout.isatty() and wanted > out.width:  # a file: whole cells, never "off_polic…"
+        out = Console(file=sys.stdout, width=wanted, soft_wrap=False)
     with out.capture() as capture:
         out.print(table)
     sys.stdout.write(capture.get())
