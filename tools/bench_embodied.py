@@ -228,15 +228,11 @@ def main() -> int:
     png = curves_path(args.png, args.json, "bench_embodied_curves.png")
     plot_async(raw["sync_curve"], raw["async_curve"], args.env, png)
     rows, ok = check_ratios(ratios, REQUIRED, not_yet_met=tuple(REQUIRED))  # see BENCHMARKS.md
-    from rich.console import Console
-    from rich.table import Table
+    from rlinf_hpc.runtime.console import print_table
 
-    table = Table(title=f"embodied PPO on {args.env} ({raw['cpus']} cpus)")
-    for column in ("ratio", "value", "required", "status"):
-        table.add_column(column)
-    for row in rows:
-        table.add_row(*row)
-    Console().print(table)
+    print_table(
+        f"embodied PPO on {args.env} ({raw['cpus']} cpus)", ["ratio", "value", "required", "status"], rows
+    )
     for key, value in raw.items():
         if key.endswith("_curve"):
             continue
