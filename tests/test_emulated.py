@@ -60,14 +60,14 @@ class _Feed:
 
 
 def _engine(
-    lengths: list[int], arrivals: list[int], stage: object | None = None, step: int = 0
+    lengths: list[int], arrivals: list[int], stage: object | None = None, step: int = 0, profile=PROFILE
 ) -> tuple[object, list[list[dict]]]:
     """One step of an engine (``stage``: the same engine's next step, what it carried kept)."""
     from rlinf_hpc.apps.emulated.workers import EmulatedStage
 
     if stage is None:
         stage = EmulatedStage.__new__(EmulatedStage)  # no job: the profile and a tiny time scale
-        stage.profile, stage.cost, stage.scale, stage._in_work = PROFILE, PROFILE.stages["rollout"], 1e-6, 0
+        stage.profile, stage.cost, stage.scale, stage._in_work = profile, profile.stages["rollout"], 1e-6, 0
         stage._carry = []
     stage._reset()
     feed = _Feed([{"uid": f"{step}:{i}", "length": n} for i, n in enumerate(lengths)], arrivals)
@@ -137,24 +137,19 @@ def test_a_partial_engines_model_counts_what_each_step_carries_in() -> None:
     slowest engine 1.3 s late)."""
     from dataclasses import replace
 
-    global PROFILE
-    saved = PROFILE
-    PROFILE = replace(saved, slots=32, short=(200, 700), long=(2500, 4000), long_fraction=0.2)
-    try:
-        stage, slept = None, []
-        for step in range(300):
-            lengths = PROFILE.lengths(random.Random(100 + step), 30)
-            stage, _ = _engine(lengths, [len(lengths)], stage, step)
-            stage.partial, stage.partial_span = 0.2, 3
-            if step >= 2:  # a steady state: every step carries some in
-                slept.append(stage._slept)
-        alpha, decode, slots = PROFILE.alpha, PROFILE.decode_step_s, PROFILE.slots
-        model = EngineModel(
-            decode * alpha, decode * (1 - alpha) / slots, slots,
-            tuple(PROFILE.lengths(random.Random(7), 600)), draws=64, stop_fraction=0.2,
-        )  # fmt: skip
-    finally:
-        PROFILE = saved
+    heavy = replace(PROFILE, slots=32, short=(200, 700), long=(2500, 4000), long_fraction=0.2)
+    stage, slept = None, []
+    for step in range(300):
+        lengths = heavy.lengths(random.Random(100 + step), 30)
+        stage, _ = _engine(lengths, [len(lengths)], stage, step, profile=heavy)
+        stage.partial, stage.partial_span = 0.2, 3
+        if step >= 2:  # a steady state: every step carries some in
+            slept.append(stage._slept)
+    alpha, decode, slots = heavy.alpha, heavy.decode_step_s, heavy.slots
+    model = EngineModel(
+        decode * alpha, decode * (1 - alpha) / slots, slots,
+        tuple(heavy.lengths(random.Random(7), 600)), draws=64, stop_fraction=0.2,
+    )  # fmt: skip
     measured = sum(slept) / len(slept)
     assert model.seconds(30, engines=1) == pytest.approx(measured, rel=0.08)  # 135 s against 127
 

@@ -58,9 +58,10 @@ def profiles_from_step(pipeline: Pipeline, result: StepResult) -> list[PhaseProf
         switch = sum(r["switch_s"] for r in replies) / max(1, len(replies))
         finish = sum(r.get("finish_s", 0.0) for r in replies) / max(1, len(replies))
         firsts = [r["first_output_s"] for r in replies if r.get("first_output_s") is not None]
-        latency = sum(firsts) / len(firsts) if stage.continuous and firsts else None
+        first = sum(firsts) / len(firsts) if firsts else None
+        latency = first if stage.continuous else None
         # a micro-batched stage whose method streams: its first output before its micro-batch ends
-        streamed = sum(firsts) / len(firsts) if not stage.continuous and firsts else 0.0
+        streamed = 0.0 if stage.continuous or first is None else first
         per_item = slowest * len(replies) / max(1, items)
         engine = _engine_model(replies) if stage.continuous else None
         drain, drain_items = 0.0, 0
