@@ -261,3 +261,22 @@ def test_a_worker_leaving_because_the_coordinator_died_says_it_left(tmp_path: Pa
     assert done.returncode == 1, done.stderr
     assert "rank 0 (coordinator)" in done.stderr and "rank 2 leaves" in done.stderr
     assert json.loads((beats / "rank-2.json").read_text())["left"]
+
+
+def test_the_death_watch_counts_a_zombie_or_an_exiting_process_as_gone() -> None:
+    """A rank killed with its threads still being torn down is named among the exits the watch
+    saw together (a killed coordinator outlived, for a moment, the workers that saw its sockets
+    close); a running one is not."""
+    from rlinf_hpc.runtime.deathwatch import _exiting
+
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        assert not _exiting(child.pid)
+        child.kill()
+        deadline = time.monotonic() + 5
+        while not _exiting(child.pid) and time.monotonic() < deadline:  # a zombie: not reaped
+            time.sleep(0.01)
+        assert _exiting(child.pid)
+    finally:
+        child.wait()
+    assert _exiting(child.pid)  # reaped: gone

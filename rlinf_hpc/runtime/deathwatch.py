@@ -76,11 +76,30 @@ def watch(run_dir: Path, run_id: str, pids: dict[int, int]) -> None:
         if first:  # a killed process whose threads are still being torn down is a zombie
             # already but not yet reported by its pidfd: a rank that saw it dead and exited at
             # once was seen first (a worker named for a killed rank 0, in CI under load)
-            first += [r for r in fds.values() if not pid_alive(pids[r]) and not _left(run_dir, r)]
+            # — or not a zombie yet, still tearing down (a killed coordinator with its threads and
+            # memory, while the workers that saw its sockets close had exited already: CI)
+            first += [r for r in fds.values() if _exiting(pids[r]) and not _left(run_dir, r)]
     if first:
         _report(run_dir, run_id, sorted(first), pids)
     for fd in fds:  # the job ends with the culprit named: stop watching the rest
         os.close(fd)
+
+
+#: ``PF_EXITING`` in /proc/PID/stat's flags: the process has begun to exit.
+_PF_EXITING = 0x4
+
+
+def _exiting(pid: int) -> bool:
+    """The process is gone, a zombie, or already exiting (killed, its threads still being torn
+    down: not a zombie yet, and its pidfd not ready)."""
+    if not pid_alive(pid):
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        return bool(int(fields[6]) & _PF_EXITING)  # fields from the state on: flags is the 7th
+    except (OSError, IndexError, ValueError):
+        return False
 
 
 def _left(run_dir: Path, rank: int) -> bool:
