@@ -79,6 +79,14 @@ def watch(run_dir: Path, run_id: str, pids: dict[int, int]) -> None:
             # — or not a zombie yet, still tearing down (a killed coordinator with its threads and
             # memory, while the workers that saw its sockets close had exited already: CI)
             first += [r for r in fds.values() if _exiting(pids[r]) and not _left(run_dir, r)]
+            # a large process (the coordinator) can take longer to tear down than the small
+            # ones that saw its sockets close: exits within the next moment count with these
+            for fd, _ in poller.poll(300):
+                rank = fds.pop(fd)
+                poller.unregister(fd)
+                os.close(fd)
+                if rank not in first and not _left(run_dir, rank):
+                    first.append(rank)
     if first:
         _report(run_dir, run_id, sorted(first), pids)
     for fd in fds:  # the job ends with the culprit named: stop watching the rest
