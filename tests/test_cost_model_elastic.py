@@ -335,3 +335,21 @@ def test_off_policy_auto_splits_the_ranks_so_the_longer_pipeline_is_shortest() -
     )
     with pytest.raises(ValueError):
         predict_ahead([rollout, reward], [actor], (0, items), micro_batch, ranks)
+
+
+def test_a_stage_started_at_the_minimum_tries_a_larger_size_once_while_downstream_waits() -> None:
+    """Started at the smallest size (`auto` after a move), a stage never halved into it and so
+    never learnt whether small micro-batches cost it more: with downstream waiting it tries the
+    next size once, keeps it if cheaper per item (a CPU rollout: 2 prompts 1.8x costlier than
+    4), and goes back for good if not."""
+    costly = ElasticBatching(minimum=2, maximum=32, size=2, wait_threshold_s=0.05, patience=1)
+    costly.adopt({})
+    assert costly.update(1.0, 0.1, items=2, seconds=0.2)[0] == 4  # 0.1 s per item at 2: try 4
+    assert costly.update(1.0, 0.1, items=4, seconds=0.22)[0] == 4  # 0.055 at 4: kept
+    assert costly._k["floor"] == 4
+    assert "smallest size: try 4 once" in costly.history[0][2]
+    linear = ElasticBatching(minimum=2, maximum=32, size=2, wait_threshold_s=0.05, patience=1)
+    linear.adopt({})
+    assert linear.update(1.0, 0.1, items=2, seconds=0.2)[0] == 4
+    assert linear.update(1.0, 0.1, items=4, seconds=0.4)[0] == 2  # no cheaper: back, no larger
+    assert [linear.update(1.0, 0.1, items=2, seconds=0.2)[0] for _ in range(4)] == [2] * 4

@@ -23,7 +23,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from rlinf_hpc.comm import COORDINATOR_RANK
 from rlinf_hpc.log import get_logger
+from rlinf_hpc.scheduler.contention import SharedCores
 from rlinf_hpc.scheduler.cost_model import PhaseProfile
 from rlinf_hpc.scheduler.engine_model import EngineModel, fit_engine
 from rlinf_hpc.scheduler.rank_split import Prediction, predict, predict_ahead
@@ -54,29 +56,34 @@ def profiles_from_step(pipeline: Pipeline, result: StepResult) -> list[PhaseProf
         # their first wait is their upstream's latency, which the cost model has)
         waits = [r.get("first_wait_s", 0.0) if not profiles else 0.0 for r in replies]
         start = min(waits)
-        slowest = max(r["busy_s"] + wait - start for r, wait in zip(replies, waits, strict=True))
+        # each rank's time alone: without its wait for a core (CPU ranks sharing cores)
+        alone = [r["busy_s"] - r.get("runqueue_s", 0.0) for r in replies]
+        own = sum(alone) / max(1e-12, sum(r["busy_s"] for r in replies))  # of what was measured
+        slowest = max(busy + wait - start for busy, wait in zip(alone, waits, strict=True))
         switch = sum(r["switch_s"] for r in replies) / max(1, len(replies))
-        finish = sum(r.get("finish_s", 0.0) for r in replies) / max(1, len(replies))
-        firsts = [r["first_output_s"] for r in replies if r.get("first_output_s") is not None]
+        finishes = [r.get("finish_s", 0.0) - r.get("finish_runqueue_s", 0.0) for r in replies]
+        finish = sum(finishes) / max(1, len(replies))
+        firsts = [r["first_output_s"] * own for r in replies if r.get("first_output_s") is not None]
         first = sum(firsts) / len(firsts) if firsts else None
         latency = first if stage.continuous else None
         # a micro-batched stage whose method streams: its first output before its micro-batch ends
         streamed = 0.0 if stage.continuous or first is None else first
         per_item = slowest * len(replies) / max(1, items)
-        engine = _engine_model(replies) if stage.continuous else None
+        engine = _engine_model(replies, alone) if stage.continuous else None
         drain, drain_items = 0.0, 0
         if not stage.continuous:  # the slowest rank's last micro-batch, and its items
             drain, drain_items = max((r.get("last_s", 0.0), r.get("last_items", 0)) for r in replies)
-            drain = max(drain, _backlog(upstream, replies))
+            drain = max(drain, _backlog(upstream, replies)) * own
         finish_per_item = 0.0
         if stage.finish_scales:
-            finish_per_item = max(r.get("finish_s", 0.0) for r in replies) * len(replies) / max(1, items)
+            finish_per_item = max(finishes) * len(replies) / max(1, items)
             finish = 0.0
         profile = PhaseProfile(stage.component, per_item, 0.0, switch, finish, latency, engine, start)
         profiles.append(
             replace(
                 profile, drain_seconds=drain, drain_items=drain_items, finish_per_item=finish_per_item,
-                first_output_seconds=streamed,
+                first_output_seconds=streamed, cpu_fraction=_share(replies, "cpu_s", alone),
+                finish_cpu_fraction=_share(replies, "finish_cpu_s", finishes),
             )
         )  # fmt: skip
         upstream = replies
@@ -100,8 +107,15 @@ def _backlog(upstream: list[dict[str, Any]], replies: list[dict[str, Any]]) -> f
     return max(0.0, max(ends) - max(outputs))
 
 
-def _engine_model(replies: list[dict[str, Any]]) -> EngineModel | None:
-    """The engine model of a continuous stage whose every rank reported its steps, pooled."""
+def _share(replies: list[dict[str, Any]], key: str, alone: list[float]) -> float:
+    """What share of the ranks' time alone (busy or finish) was on a core (`runtime.cpu_time`;
+    0 where not measured)."""
+    return min(1.0, sum(r.get(key, 0.0) for r in replies) / max(1e-12, sum(alone)))
+
+
+def _engine_model(replies: list[dict[str, Any]], alone: list[float]) -> EngineModel | None:
+    """The engine model of a continuous stage whose every rank reported its steps, pooled,
+    calibrated to the ranks' busy times alone."""
     reports = [r.get("engine") for r in replies]
     if not reports or any(not report for report in reports):
         return None
@@ -111,7 +125,7 @@ def _engine_model(replies: list[dict[str, Any]]) -> EngineModel | None:
     if fitted is None:
         return None
     fitted = replace(fitted, stop_fraction=max(float(r.get("partial") or 0.0) for r in reports))
-    return fitted.calibrated([r["busy_s"] for r in replies], [r["items"] for r in replies])
+    return fitted.calibrated(alone, [r["items"] for r in replies])
 
 
 def stage_micro_batches(pipeline: Pipeline, result: StepResult) -> list[int]:
@@ -222,12 +236,13 @@ class AutoPlacement:
         # is when one micro-batch's time counts), that one shrinks its micro-batches to the least
         micro_batch = config.min_micro_batch if config.elastic else config.micro_batch
         step_s = max(result.seconds for _, result, _ in measured)  # the pipelines start together
+        cores = shared_cores(self.coordinator, max(result.coordinator_busy for _, result, _ in measured))
         if len(measured) == 1:
             items = measured[0][2]
-            prediction = predict(profiles[0], items, micro_batch, len(ranks), measured_collocated=step_s)
+            prediction = predict(profiles[0], items, micro_batch, len(ranks), step_s, cores)
         elif len(measured) == 2:
             both = (measured[0][2], measured[1][2])
-            prediction = predict_ahead(*profiles, both, micro_batch, len(ranks), measured_collocated=step_s)
+            prediction = predict_ahead(*profiles, both, micro_batch, len(ranks), step_s, cores)
         else:
             raise ValueError(f"auto places one pipeline or two side by side, not {len(measured)}")
         self.prediction, self.choice, self.decided_at = prediction, prediction.choice, self.steps
@@ -262,6 +277,28 @@ class AutoPlacement:
             self.coordinator.repartition(groups)
 
 
+def shared_cores(coordinator: Coordinator, coordinator_busy: float) -> SharedCores:
+    """The worker ranks' nodes (in the order ``auto`` gives ranks out), each node's cores (those
+    its ranks may run on, together) and the coordinator's share of its node's."""
+    slots = {slot.rank: slot for slot in coordinator.slots}
+    order: dict[int, int] = {}  # node index -> its position among the workers' nodes
+    for rank in coordinator.worker_ranks:
+        order.setdefault(slots[rank].node_index, len(order))
+    cpus: dict[int, set[int]] = {}
+    for slot in coordinator.slots:
+        if slot.node_index in order:
+            cpus.setdefault(order[slot.node_index], set()).update(slot.cpus)
+    background = [0.0] * len(order)
+    mine = slots.get(COORDINATOR_RANK)
+    if mine is not None and mine.node_index in order:
+        background[order[mine.node_index]] = coordinator_busy
+    return SharedCores(
+        tuple(order[slots[rank].node_index] for rank in coordinator.worker_ranks),
+        tuple(max(1, len(cpus.get(i, ()))) for i in range(len(order))),
+        tuple(background),
+    )
+
+
 def _profile_fields(profile: PhaseProfile) -> dict[str, Any]:
     return {
         "name": profile.name,
@@ -269,6 +306,8 @@ def _profile_fields(profile: PhaseProfile) -> dict[str, Any]:
         "switch_seconds": profile.switch_seconds,
         "finish_seconds": profile.finish_seconds,
         "finish_per_item": profile.finish_per_item,
+        "cpu_fraction": profile.cpu_fraction,
+        "finish_cpu_fraction": profile.finish_cpu_fraction,
         "latency_seconds": profile.latency_seconds,
         "engine": None
         if profile.engine is None

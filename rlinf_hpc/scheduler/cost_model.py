@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from rlinf_hpc.scheduler.engine_model import EngineModel
 
@@ -94,6 +94,46 @@ class PhaseProfile:
     #: A finish whose work grows with the rank's share (an update over the step's samples):
     #: seconds per item of the share, on top of ``finish_seconds`` (`finish_at`).
     finish_per_item: float = 0.0
+
+    #: CPU ranks: the share of the stage's busy time (of its finish) that is work on a core, the
+    #: times above being a rank's alone (`contention`: what its neighbours add). 0: none
+    #: measured, or a device's work (an emulated device's sleep).
+    cpu_fraction: float = 0.0
+    finish_cpu_fraction: float = 0.0
+
+    def stretched(self, factor: float) -> PhaseProfile:
+        """This phase with its CPU work ``factor`` times as long (ranks sharing cores).
+
+        >>> PhaseProfile("a", 0.02, cpu_fraction=0.5, finish_seconds=0.1).stretched(2.0).seconds_per_item
+        0.03
+        """
+        if factor == 1.0 or not (self.cpu_fraction or self.finish_cpu_fraction):
+            return self
+        busy, finish = 1 + self.cpu_fraction * (factor - 1), 1 + self.finish_cpu_fraction * (factor - 1)
+        engine = self.engine
+        if engine is not None:
+            engine = replace(engine, calibration=engine.calibration * busy)
+        return replace(
+            self,
+            seconds_per_item=self.seconds_per_item * busy,
+            overhead_per_micro_batch=self.overhead_per_micro_batch * busy,
+            latency_seconds=None if self.latency_seconds is None else self.latency_seconds * busy,
+            engine=engine,
+            drain_seconds=self.drain_seconds * busy,
+            first_output_seconds=self.first_output_seconds * busy,
+            finish_seconds=self.finish_seconds * finish,
+            finish_per_item=self.finish_per_item * finish,
+        )
+
+    def cpu_seconds(self, num_items: float, ranks: int) -> float:
+        """Seconds on a core each of ``ranks`` ranks spends on its share (alone).
+
+        >>> PhaseProfile("a", 0.02, cpu_fraction=0.5, finish_seconds=0.1, finish_cpu_fraction=1.0).cpu_seconds(10, 2)
+        0.15
+        """
+        busy = self.share_spread(num_items, ranks)[1] if self.cpu_fraction else 0.0
+        finish = self.finish_at(num_items, ranks) if self.finish_cpu_fraction else 0.0
+        return round(self.cpu_fraction * busy + self.finish_cpu_fraction * finish, 9)
 
     def finish_at(self, num_items: float, ranks: int) -> float:
         """Each rank's finish when ``ranks`` ranks share ``num_items`` items.

@@ -71,6 +71,8 @@ class StepResult:
     stages: list[dict[str, Any]] = field(default_factory=list)
     #: Per stage and rank, what `run_stage` returned (without outputs).
     per_rank: list[list[dict[str, Any]]] = field(default_factory=list)
+    #: The coordinator's CPU while the step ran, in cores (its share of a core).
+    coordinator_busy: float = 0.0
 
 
 class Pipeline:
@@ -323,6 +325,9 @@ class Pipeline:
         )  # fmt: skip
 
 
+_CPU_KEYS = ("cpu_s", "runqueue_s", "finish_cpu_s", "finish_runqueue_s")
+
+
 def _summarize(stage: Stage, replies: list[dict[str, Any]]) -> dict[str, Any]:
     sizes = [size for r in replies for size in r["micro_batches"]]
     return {
@@ -336,6 +341,8 @@ def _summarize(stage: Stage, replies: list[dict[str, Any]]) -> dict[str, Any]:
         "busy_s": sum(r["busy_s"] for r in replies),
         "wait_s": sum(r["wait_s"] for r in replies),
         "finish_s": sum(r["finish_s"] for r in replies),
+        # on a core and waiting for one, of the busy and finish times (`runtime.cpu_time`)
+        **{key: sum(r.get(key, 0.0) for r in replies) for key in _CPU_KEYS},
         "switch_s": sum(r["switch_s"] for r in replies),
         "ranks": [r["rank"] for r in replies],
     }

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from rlinf_hpc.scheduler.contention import SharedCores, contended
 from rlinf_hpc.scheduler.cost_model import PhaseProfile, collocated_time, placement_time
 
 #: How much faster the split must be predicted than collocated for ``auto`` to move the ranks.
@@ -47,6 +48,7 @@ def split_ranks(
     num_ranks: int,
     num_items: int | None = None,
     micro_batch: int | None = None,
+    cores: SharedCores | None = None,
 ) -> dict[str, int]:
     """Give each phase ranks in proportion to its work (at least one each): one rank each,
     then every further rank to the phase that is slowest per rank — the split whose bottleneck
@@ -56,7 +58,8 @@ def split_ranks(
     ``num_items``/``micro_batch`` given, ranks go where they shorten the predicted step
     (`placement_time`) most per rank instead, looking past plateaus (an engine gains nothing
     from a rank until its requests fit in one wave fewer) and past its longest response, where
-    an engine gains nothing at all; ranks that shorten nothing are given out as above.
+    an engine gains nothing at all; ranks that shorten nothing are given out as above. With
+    ``cores`` (CPU ranks sharing them) each trial is predicted with its ranks' contention.
 
     >>> split_ranks([PhaseProfile("gen", 2.75), PhaseProfile("train", 0.45)], 15)
     {'gen': 13, 'train': 2}
@@ -66,13 +69,13 @@ def split_ranks(
     work = {p.name: p.seconds_per_item + p.finish_per_item for p in profiles}
     shares = dict.fromkeys(work, 1)
     if num_items is not None and micro_batch is not None and any(p.engine for p in profiles):
-        now = _split_time(profiles, shares, num_items, micro_batch)
+        now = _split_time(profiles, shares, num_items, micro_batch, cores)
         while sum(shares.values()) < num_ranks:
             left, best = num_ranks - sum(shares.values()), None
             for name in shares:
                 for extra in range(1, left + 1):
                     trial = {**shares, name: shares[name] + extra}
-                    time = _split_time(profiles, trial, num_items, micro_batch)
+                    time = _split_time(profiles, trial, num_items, micro_batch, cores)
                     gain = (now - time) / extra
                     if gain > 1e-9 * now and (best is None or gain > best[0]):
                         best = (gain, name, extra, time)
@@ -87,14 +90,23 @@ def split_ranks(
 
 
 def _split_time(
-    profiles: list[PhaseProfile], shares: dict[str, int], num_items: int, micro_batch: int
+    profiles: list[PhaseProfile],
+    shares: dict[str, int],
+    num_items: int,
+    micro_batch: int,
+    cores: SharedCores | None = None,
+    first: int = 0,
 ) -> float:
-    return placement_time(profiles, num_items, micro_batch, _disjoint_sets(profiles, shares))
+    sets = _disjoint_sets(profiles, shares, first)
+    return contended(
+        profiles, sets, num_items, cores, lambda ps: placement_time(ps, num_items, micro_batch, sets)
+    )
 
 
-def _disjoint_sets(profiles: list[PhaseProfile], shares: dict[str, int]) -> list[set[int]]:
-    """Rank sets of the shares' sizes, one after the other, in the profiles' order."""
-    sets, first = [], 0
+def _disjoint_sets(profiles: list[PhaseProfile], shares: dict[str, int], first: int = 0) -> list[set[int]]:
+    """Rank sets of the shares' sizes, one after the other (from rank index ``first``), in the
+    profiles' order."""
+    sets = []
     for p in profiles:
         sets.append(set(range(first, first + shares[p.name])))
         first += shares[p.name]
@@ -107,8 +119,10 @@ def predict(
     micro_batch: int,
     num_ranks: int,
     measured_collocated: float | None = None,
+    cores: SharedCores | None = None,
 ) -> Prediction:
-    """Collocated vs disaggregated step time for ``num_items`` items on ``num_ranks`` ranks.
+    """Collocated vs disaggregated step time for ``num_items`` items on ``num_ranks`` ranks
+    (``cores``: where CPU ranks share cores, each placement with its own contention).
 
     ``measured_collocated``: the step time a collocated warm-up measured. What it took beyond
     the model (the runtime's own cost: a call and its reply per stage and rank, switch-ins,
@@ -125,26 +139,40 @@ def predict(
     """
     if num_items < 1 or micro_batch < 1:
         raise ValueError("num_items and micro_batch must be >= 1")
-    micro_batches = math.ceil(num_items / micro_batch)
-    # collocated: each phase uses every rank on the whole batch, one micro-batch per rank share
-    phases = [
-        p.share_seconds(num_items, num_ranks)
-        + math.ceil(micro_batches / num_ranks) * p.overhead_per_micro_batch
-        for p in profiles
-    ]
-    together = (
-        profiles[0].start_seconds
-        + collocated_time(phases, [p.switch_seconds for p in profiles])
-        + profiles[-1].finish_at(num_items, num_ranks)
-    )
+    together = _collocated_time(profiles, num_items, micro_batch, num_ranks, cores)
     if num_ranks < len(profiles):
         return Prediction(max(together, measured_collocated or 0.0), math.inf, {})
-    ranks = split_ranks(profiles, num_ranks, num_items, micro_batch)
-    apart = _split_time(profiles, ranks, num_items, micro_batch)
+    ranks = split_ranks(profiles, num_ranks, num_items, micro_batch, cores)
+    apart = _split_time(profiles, ranks, num_items, micro_batch, cores)
     if measured_collocated is not None and measured_collocated > together:
         # per rank: one call per stage collocated, one call disaggregated
         together, apart = measured_collocated, apart + (measured_collocated - together) / len(profiles)
     return Prediction(together, apart, ranks)
+
+
+def _collocated_time(
+    profiles: list[PhaseProfile],
+    num_items: int,
+    micro_batch: int,
+    num_ranks: int,
+    cores: SharedCores | None = None,
+) -> float:
+    """Every phase on every rank over the whole batch, one after the other."""
+    micro_batches = math.ceil(num_items / micro_batch)
+
+    def time(stages: list[PhaseProfile]) -> float:
+        phases = [
+            p.share_seconds(num_items, num_ranks)
+            + math.ceil(micro_batches / num_ranks) * p.overhead_per_micro_batch
+            for p in stages
+        ]
+        return (
+            stages[0].start_seconds
+            + collocated_time(phases, [p.switch_seconds for p in stages])
+            + stages[-1].finish_at(num_items, num_ranks)
+        )
+
+    return contended(profiles, [set(range(num_ranks))] * len(profiles), num_items, cores, time)
 
 
 def predict_ahead(
@@ -154,6 +182,7 @@ def predict_ahead(
     micro_batch: int,
     num_ranks: int,
     measured_collocated: float | None = None,
+    cores: SharedCores | None = None,
 ) -> Prediction:
     """Collocated vs disaggregated step time of one-step off-policy RL: the generation
     pipeline (``num_items[0]`` items of step t+1) and the training pipeline (``num_items[1]``
@@ -175,7 +204,7 @@ def predict_ahead(
     if min(num_items) < 1 or micro_batch < 1:
         raise ValueError("num_items and micro_batch must be >= 1")
     together = sum(
-        predict(profiles, items, micro_batch, num_ranks).collocated
+        predict(profiles, items, micro_batch, num_ranks, cores=cores).collocated
         for profiles, items in zip((generation, training), num_items, strict=True)
     )
     times: dict[int, tuple[float, float, dict[str, int]]] = {}
@@ -207,8 +236,26 @@ def predict_ahead(
         else:
             low = middle + 1
     near = range(max(len(generation), low - 2), min(num_ranks - len(training), low + 2) + 1)
-    best = min(near, key=lambda n: max(split(n)[:2]))
-    apart, shares = max(split(best)[:2]), split(best)[2]
+
+    def side_by_side(ranks: int) -> float:
+        """The split's step: the longer pipeline, both contending for cores with ``cores``."""
+        shares = split(ranks)[2]
+        if cores is None:
+            return max(split(ranks)[:2])
+        sets = _disjoint_sets(generation, shares) + _disjoint_sets(training, shares, ranks)
+        cut = len(generation)
+
+        def time(stages: list[PhaseProfile]) -> float:
+            return max(
+                placement_time(stages[:cut], num_items[0], micro_batch, sets[:cut]),
+                placement_time(stages[cut:], num_items[1], micro_batch, sets[cut:]),
+            )
+
+        counts = [num_items[0]] * cut + [num_items[1]] * len(training)
+        return contended(generation + training, sets, counts, cores, time)
+
+    best = min(near, key=side_by_side)
+    apart, shares = side_by_side(best), split(best)[2]
     stages = len(generation) + len(training)
     if measured_collocated is not None and measured_collocated > together:
         together, apart = measured_collocated, apart + (measured_collocated - together) / stages

@@ -70,6 +70,7 @@ class RunningStep:
         self.start = start
         self.num_items = num_items
         self._result: StepResult | None = None
+        self._cpu = time.process_time()  # the coordinator's own, while the step runs
 
     def done(self) -> bool:
         """True once every stage on every rank has replied."""
@@ -78,6 +79,8 @@ class RunningStep:
     def result(self) -> StepResult:
         if self._result is None:
             self._result = self.pipeline._result(self.futures, self.start)
+            cpu, wall = time.process_time() - self._cpu, time.monotonic() - self.start
+            self._result.coordinator_busy = min(1.0, cpu / max(wall, 1e-9))
             self.pipeline.running = False
             self.pipeline._after_step(self._result, self.num_items)
         return self._result

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from rlinf_hpc.channel import EndOfStream
+from rlinf_hpc.runtime.cpu_time import CpuClock
 
 if TYPE_CHECKING:
     from rlinf_hpc.channel import Channel
@@ -110,7 +111,8 @@ def run_continuous(
 ) -> dict[str, Any]:
     """One engine call over the whole step's input; what `run_stage` returns, without finish."""
     feed = Feed(source)
-    started, wall_start = time.monotonic(), time.time()
+    started, wall_start, clock = time.monotonic(), time.time(), CpuClock()
+    lap = clock.lap()
     produced = method(feed)
     if not inspect.isgenerator(produced):
         name = f"{type(worker).__name__}.{spec.method}"
@@ -132,6 +134,7 @@ def run_continuous(
             "stage must take every item (loop until feed.ended)"
         )
     took = time.monotonic() - started
+    cpu_s, runqueue_s = clock.since(lap)
     hook = worker.comm.span_hook
     if hook is not None:
         name = f"{worker.component}.{spec.method}"
@@ -141,6 +144,8 @@ def run_continuous(
         "micro_batches": [feed.taken] if feed.taken else [],
         "changes": [],
         "busy_s": took - feed.wait_s,
+        "cpu_s": cpu_s,  # of the busy time: on a core, and waiting for one (`cpu_time`)
+        "runqueue_s": runqueue_s,
         "wait_s": feed.wait_s,
         "first_wait_s": 0.0 if feed.first_taken_at is None else feed.first_taken_at - started,
         "first_output_s": first_output_s,

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlinf_hpc.channel import Channel, EndOfStream
 from rlinf_hpc.errors import CommTimeoutError
+from rlinf_hpc.runtime.cpu_time import CpuClock
 from rlinf_hpc.scheduler.elastic import ElasticBatching
 from rlinf_hpc.scheduler.protocol import StageSpec
 from rlinf_hpc.workers.continuous import run_continuous
@@ -69,9 +70,11 @@ def run_stage(worker: Worker, spec: StageSpec) -> dict[str, Any]:
     ended_at = time.time()
     if sink is not None:
         sink.close()
-    finish_started = time.monotonic()
+    finish_started, clock = time.monotonic(), CpuClock()
+    lap = clock.lap()
     finished = getattr(worker, spec.finish)() if spec.finish else None
     finish_s = time.monotonic() - finish_started
+    finish_cpu_s, finish_runqueue_s = clock.since(lap)
     return {
         "rank": worker.rank,
         "component": worker.component,
@@ -79,6 +82,8 @@ def run_stage(worker: Worker, spec: StageSpec) -> dict[str, Any]:
         "ended_at": ended_at,
         "last_output_at": last_output_at,
         "finish_s": finish_s,
+        "finish_cpu_s": finish_cpu_s,  # of which on a core, and waiting for one (`cpu_time`)
+        "finish_runqueue_s": finish_runqueue_s,
         "switch_s": worker.last_switch_s,
         "outputs": outputs,
         "finish": finished,
@@ -115,7 +120,8 @@ def _run_micro_batches(
     meter = worker.sample_memory
     sizes: list[int] = []
     changes: list[dict[str, Any]] = []
-    busy_s = wait_s = last_s = 0.0
+    busy_s = wait_s = last_s = cpu_s = runqueue_s = 0.0
+    clock = CpuClock()
     downstream_seen = 0.0
     hook = worker.comm.span_hook
     ended = False
@@ -149,7 +155,7 @@ def _run_micro_batches(
         wait_s += started - asked
         if first_wait_s is None:
             first_wait_s = started - opened
-        wall_start = time.time()
+        wall_start, lap = time.time(), clock.lap()
         meter.start()
         produced = method(batch)
         chunks = produced if inspect.isgenerator(produced) else [produced]
@@ -162,6 +168,8 @@ def _run_micro_batches(
         took = time.monotonic() - started
         busy_s += took
         last_s = took
+        cpu, runqueue = clock.since(lap)
+        cpu_s, runqueue_s = cpu_s + cpu, runqueue_s + runqueue
         if hook is not None:
             name = f"{worker.component}.{spec.method}"
             hook(name, "micro-batch", worker.component, wall_start, time.time(), items=len(batch))
@@ -183,6 +191,8 @@ def _run_micro_batches(
         "micro_batches": sizes,
         "changes": changes,
         "busy_s": busy_s,
+        "cpu_s": cpu_s,  # of the busy time: on a core, and waiting for one (`cpu_time`)
+        "runqueue_s": runqueue_s,
         "wait_s": wait_s,
         "first_wait_s": first_wait_s or 0.0,
         "first_output_s": first_output_s,

@@ -1,0 +1,143 @@
+"""CPU ranks sharing cores: the clock that measures it, the model that predicts it, and what
+`auto` takes from a warm-up in which the ranks waited for cores."""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import os
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from rlinf_hpc.runtime.cpu_time import CpuClock
+from rlinf_hpc.scheduler.autoplace import profiles_from_step
+from rlinf_hpc.scheduler.contention import SharedCores, contended, slowdown
+from rlinf_hpc.scheduler.cost_model import PhaseProfile
+from rlinf_hpc.scheduler.pipeline import Stage, StepResult
+from rlinf_hpc.scheduler.rank_split import predict, predict_ahead
+
+
+def _spin(seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+def test_the_clock_splits_a_busy_threads_time_into_work_and_its_wait_for_a_core() -> None:
+    clock = CpuClock()
+    if not clock.available:
+        pytest.skip("no /proc/thread-self/schedstat on this kernel")
+    cores = len(os.sched_getaffinity(0))
+    lap, started = clock.lap(), time.monotonic()
+    time.sleep(0.2)  # blocked: neither
+    cpu, runqueue = clock.since(lap)
+    assert cpu < 0.05 and runqueue < 0.05
+    # as many spinning processes as cores, and this one: it waits for a core about half its time
+    context = multiprocessing.get_context("fork")
+    others = [context.Process(target=_spin, args=(1.5,)) for _ in range(cores)]
+    for p in others:
+        p.start()
+    try:
+        time.sleep(0.1)
+        lap, started = clock.lap(), time.monotonic()
+        _spin(0.8)
+        wall = time.monotonic() - started
+        cpu, runqueue = clock.since(lap)
+    finally:
+        for p in others:
+            p.join()
+    assert cpu + runqueue == pytest.approx(wall, rel=0.1)  # on a core or waiting for one
+    assert runqueue > 0.15 * wall  # it waited (half of the time, ideally)
+
+
+def test_slowdown_is_processor_sharing_over_the_neighbours_that_are_runnable() -> None:
+    assert slowdown([], 2) == 1.0
+    assert slowdown([1.0], 1) == 2.0
+    assert slowdown([1.0] * 7, 2) == 4.0
+    # three neighbours each runnable half the time on 2 cores: 0-1 of them (p 1/2): 1x,
+    # 2 (3/8): 1.5x, 3 (1/8): 2x
+    assert slowdown([0.5] * 3, 2) == pytest.approx(0.5 + 0.375 * 1.5 + 0.125 * 2.0)
+    assert slowdown([1.0] * 3, 8) == 1.0  # more cores than ranks
+
+
+def test_a_pipeline_whose_stages_take_turns_contends_less_than_a_collocated_step() -> None:
+    """Two CPU stages on one rank each, a 2-core node shared by 4 worker ranks: apart, both
+    ranks are alone with a core each; collocated, 4 ranks want 2 cores and take twice as long."""
+    cores = SharedCores(nodes=(0, 0, 0, 0), cores=(2,))
+    gen = PhaseProfile("gen", 0.02, cpu_fraction=1.0)
+    train = PhaseProfile("train", 0.01, cpu_fraction=1.0)
+    prediction = predict([gen, train], 64, 8, 4, cores=cores)
+    alone = predict([gen, train], 64, 8, 4)
+    assert prediction.collocated == pytest.approx(2 * alone.collocated, rel=0.01)
+    # apart: 3 + 1 ranks, all four busy most of the step on 2 cores
+    assert prediction.ranks_per_phase == alone.ranks_per_phase == {"gen": 3, "train": 1}
+    assert alone.disaggregated < prediction.disaggregated < 2 * alone.disaggregated
+    # with a core per rank nothing contends
+    roomy = predict([gen, train], 64, 8, 4, cores=SharedCores((0, 0, 0, 0), (4,)))
+    assert roomy.collocated == pytest.approx(alone.collocated)
+    assert roomy.disaggregated == pytest.approx(alone.disaggregated)
+    # a device's work (no CPU share) does not contend at all
+    sleepy = [PhaseProfile("gen", 0.02), PhaseProfile("train", 0.01)]
+    assert predict(sleepy, 64, 8, 4, cores=cores) == predict(sleepy, 64, 8, 4)
+
+
+def test_ranks_on_other_nodes_do_not_contend() -> None:
+    work = PhaseProfile("w", 0.01, cpu_fraction=1.0)
+    one_node = SharedCores((0, 0), (1,))
+    two_nodes = SharedCores((0, 1), (1, 1))
+    together = contended([work], [{0, 1}], 100, one_node, lambda ps: 50 * ps[0].seconds_per_item)
+    apart = contended([work], [{0, 1}], 100, two_nodes, lambda ps: 50 * ps[0].seconds_per_item)
+    assert together == pytest.approx(1.0, rel=0.01) and apart == pytest.approx(0.5)
+    # the coordinator keeps a quarter of a core busy beside one rank on a 1-core node
+    busy = SharedCores((0,), (1,), background=(0.25,))
+    assert contended([work], [{0}], 100, busy, lambda ps: 100 * ps[0].seconds_per_item) == pytest.approx(
+        1.25, rel=0.01
+    )
+
+
+def test_off_policy_pipelines_side_by_side_contend_for_the_same_cores() -> None:
+    gen = [PhaseProfile("gen", 0.01, cpu_fraction=1.0)]
+    train = [PhaseProfile("train", 0.01, cpu_fraction=1.0)]
+    alone = predict_ahead(gen, train, (100, 100), 10, 2)
+    shared = predict_ahead(gen, train, (100, 100), 10, 2, cores=SharedCores((0, 0), (1,)))
+    assert alone.disaggregated == pytest.approx(1.0)
+    assert shared.disaggregated == pytest.approx(2.0, rel=0.02)  # two busy ranks, one core
+    assert shared.collocated == pytest.approx(2 * alone.collocated, rel=0.02)
+
+
+def _reply(rank: int, busy: float, runqueue: float, cpu: float, items: int, **more: float) -> dict:
+    reply = {
+        "rank": rank, "items": items, "busy_s": busy, "runqueue_s": runqueue, "cpu_s": cpu,
+        "switch_s": 0.0, "finish_s": 0.0, "micro_batches": [items], "last_s": busy, "last_items": items,
+    }  # fmt: skip
+    reply.update(more)
+    return reply
+
+
+def test_auto_takes_the_wait_for_cores_out_of_what_the_warm_up_measured() -> None:
+    pipe = SimpleNamespace(stages=[Stage("gen", "generate"), Stage("train", "collect", "update", finish_scales=True)])
+    # two ranks, each waited for a core as long as it computed; the update too
+    gen = [_reply(r, 2.0, 1.0, 1.0, 50) for r in (1, 2)]
+    train = [
+        _reply(r, 0.4, 0.2, 0.2, 50, finish_s=1.0, finish_runqueue_s=0.5, finish_cpu_s=0.5) for r in (1, 2)
+    ]
+    a, b = profiles_from_step(pipe, StepResult(1, [], {}, 3.4, "collocated", [], [gen, train]))
+    assert a.seconds_per_item == pytest.approx(2 * 1.0 / 100) and a.cpu_fraction == pytest.approx(1.0)
+    assert a.drain_seconds == pytest.approx(1.0)  # the last micro-batch's time alone, too
+    assert b.finish_per_item == pytest.approx(0.5 * 2 / 100) and b.finish_cpu_fraction == pytest.approx(1.0)
+    # a device's sleep: busy, not on a core; nothing to take out, no CPU share
+    sleeping = [_reply(r, 2.0, 0.01, 0.02, 50) for r in (1, 2)]
+    (c,) = profiles_from_step(_one_stage(), StepResult(1, [], {}, 2.0, "collocated", [], [sleeping]))
+    assert c.seconds_per_item == pytest.approx(2 * 1.99 / 100) and c.cpu_fraction < 0.02
+    # ranks that measured nothing (no schedstats): as before
+    bare = [{k: v for k, v in _reply(r, 2.0, 0.0, 0.0, 50).items() if k not in ("cpu_s", "runqueue_s")} for r in (1, 2)]
+    (d,) = profiles_from_step(_one_stage(), StepResult(1, [], {}, 2.0, "collocated", [], [bare]))
+    assert d.seconds_per_item == pytest.approx(0.04) and d.cpu_fraction == 0.0
+    assert math.isclose(d.drain_seconds, 2.0)
+
+
+def _one_stage() -> Any:
+    return SimpleNamespace(stages=[Stage("gen", "generate")])
