@@ -432,7 +432,8 @@ def grpo_interrupt_flow(coordinator: Coordinator) -> Any:
             threading.Timer(float(options.get("delay_s", 0.05)), os.kill, (victim, signal.SIGKILL)).start()
 
     checkpoints.step_finished = step_finished  # type: ignore[method-assign]
-    if options.get("force_auto") == "disaggregated":  # the tiny job would always stay collocated
+    force = options.get("force_auto")
+    if force in ("disaggregated", "revert"):  # the tiny job would mostly stay collocated
         from rlinf_hpc.scheduler import autoplace
 
         def forced(measured: Any) -> Any:
@@ -444,6 +445,16 @@ def grpo_interrupt_flow(coordinator: Coordinator) -> Any:
 
         autoplace.predict = forced(autoplace.predict)  # type: ignore[assignment]
         autoplace.predict_ahead = forced(autoplace.predict_ahead)  # type: ignore[assignment]
+        if force == "disaggregated":  # and kept, whatever the split measures
+            autoplace.VERIFY_STEPS = 10**9
+        else:  # and measured slower than the warm-up: auto moves back
+            verify = autoplace.AutoPlacement._verify
+
+            def slower(self: Any, members: Any) -> None:
+                self.warmup_s = 0.0
+                verify(self, members)
+
+            autoplace.AutoPlacement._verify = slower  # type: ignore[method-assign]
     result = math_grpo_flow(coordinator)
     _print_digests(coordinator)
     return result

@@ -361,3 +361,32 @@ def test_auto_resumed_after_it_split_the_ranks_takes_its_placement_back(
     assert placements[0].startswith("auto:warm-up") and set(placements[1:]) == {"auto:disaggregated"}
     _assert_same_state(_final(tmp_path / "reference"), _final(run_dir))
     assert _metrics(run_dir) == _metrics(tmp_path / "reference")
+
+
+def test_auto_moves_back_when_the_split_measures_slower_and_the_joiners_take_the_trained_state(
+    tmp_path: Path,
+) -> None:
+    """auto split the ranks (forced) and the split measured slower than the collocated warm-up
+    (forced): it moves every component back to every worker rank. The ranks that join the actor
+    take the state of the one that trained (weights and Adam moments: the optimizer's step count
+    is every update's), inference's joiners its reference policy, rollout and inference the
+    actor's weights; the job trains on to the end and checkpoints the collocated placement."""
+    np, sets = AUTO
+    option = 'flow.options={interrupt="none", after_step=0, force_auto="revert"}'
+    run = _job(tmp_path / "run", np, [*BASE, *sets, option])
+    assert run.returncode == 0, run.output
+    assert "moved back to collocated" in run.output
+    placements = [m["placement"] for m in _metrics(tmp_path / "run")]
+    assert placements == ["auto:warm-up (collocated)"] + ["auto:disaggregated"] * 3 + ["auto:collocated"] * 2
+    line = next(x for x in run.output.splitlines() if x.startswith("DIGESTS "))
+    digests = json.loads(line[len("DIGESTS ") :])
+    assert len(digests["actor"]) == 4 and len(set(digests["actor"])) == 1, digests
+    assert set(digests["rollout"]) == set(digests["inference"]) == set(digests["actor"]), digests
+    final = _final(tmp_path / "run")
+    steps = STEPS * 2 * 2  # grpo.update_epochs x grpo.minibatches optimizer steps per update
+    states = [read_state(final, p.stem)["state"] for p in sorted(final.glob("actor-g*.json"))]
+    kept = [state for state in states if state is not None]  # DDP: the group's first rank saves
+    assert len(states) == 4 and kept, states
+    for state in kept:
+        assert {int(s["step"]) for s in state["optimizer"]["state"].values()} == {steps}
+    assert read_state(final, "coordinator")["groups"]["actor"] == [1, 2, 3, 4]

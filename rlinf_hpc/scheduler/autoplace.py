@@ -36,6 +36,11 @@ if TYPE_CHECKING:
 
 log = get_logger("auto")
 
+#: Steps measured on the split before ``auto`` keeps it (after the first step there, which pays
+#: the move: micro-batch sizes on probation, caches): if their mean is not faster than the
+#: collocated warm-up measured, the prediction was wrong and the ranks go back.
+VERIFY_STEPS = 2
+
 
 def profiles_from_step(pipeline: Pipeline, result: StepResult) -> list[PhaseProfile]:
     """One profile per stage from what its ranks measured in ``result``. Seconds per item are
@@ -155,6 +160,12 @@ class AutoPlacement:
         self.choice: str | None = None
         self.prediction: Prediction | None = None
         self.measured_s: float | None = None
+        #: The collocated warm-up's step and groups (a move back takes them again).
+        self.warmup_s: float | None = None
+        self.before: dict[str, list[int]] | None = None
+        self.split_steps: list[float] = []  # the split's steps after its first
+        self.verified = False  # the split measured faster, or the ranks went back
+        self.reverted = False
 
     @property
     def steps(self) -> int:
@@ -193,6 +204,11 @@ class AutoPlacement:
             "choice": self.choice,
             "prediction": prediction,
             "measured_s": self.measured_s,
+            "warmup_s": self.warmup_s,
+            "before": self.before,
+            "split_steps": list(self.split_steps),
+            "verified": self.verified,
+            "reverted": self.reverted,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -201,6 +217,11 @@ class AutoPlacement:
         self.counts = dict(state.get("counts") or dict.fromkeys(self.names, state["steps"]))
         self.decided_at = state.get("decided_at", self.warmup_steps if self.choice else None)
         self.prediction = Prediction(**state["prediction"]) if state["prediction"] else None
+        self.warmup_s, self.before = state.get("warmup_s"), state.get("before")
+        self.split_steps = list(state.get("split_steps", []))
+        # checkpoints from before ``auto`` verified its move: a split is kept as it was
+        self.verified = state.get("verified", self.choice is not None)
+        self.reverted = state.get("reverted", False)
 
     def after_step(self, pipeline: Pipeline, result: StepResult, num_items: int) -> None:
         self.counts[pipeline.name] = self.counts.get(pipeline.name, 0) + 1
@@ -226,6 +247,11 @@ class AutoPlacement:
                 predicted_s=predicted,
                 measured_s=self.measured_s,
             )
+            return
+        if self.choice == "disaggregated" and not self.verified and self.decided_at is not None:
+            self.split_steps.append(max(self._latest[p.name][0].seconds for p in members))
+            if len(self.split_steps) >= VERIFY_STEPS:
+                self._verify(members)
 
     def _decide(self, members: list[Pipeline]) -> None:
         measured = [(p, *self._latest[p.name]) for p in members]
@@ -246,6 +272,8 @@ class AutoPlacement:
         else:
             raise ValueError(f"auto places one pipeline or two side by side, not {len(measured)}")
         self.prediction, self.choice, self.decided_at = prediction, prediction.choice, self.steps
+        self.warmup_s, self.verified = step_s, prediction.choice == "collocated"
+        self.before = {name: list(ranks) for name, ranks in self.coordinator.placement.groups.items()}
         together = f" ({' and '.join(p.name for p in members)}, placed together)" if len(members) > 1 else ""
         log.info(
             "auto: warm-up step %.3f s%s; predicted collocated %.3f s, disaggregated %.3f s %s -> %s",
@@ -275,6 +303,45 @@ class AutoPlacement:
                 groups[profile.name] = ranks[start : start + count]
                 start += count
             self.coordinator.repartition(groups)
+
+
+    def _verify(self, members: list[Pipeline]) -> None:
+        """Keep the split if its steps measured faster than the collocated warm-up; else move
+        every component back to the ranks it had then. Ranks that join a component take the
+        state of one that kept it (`Worker.keep_state` / `adopt_state`: the actor's weights and
+        optimizer moments, inference's reference policy); what a flow re-derives each step
+        (a rollout's weights, synced from the actor) it re-derives."""
+        split = sum(self.split_steps) / len(self.split_steps)
+        warmup = self.warmup_s or 0.0
+        self.verified = True
+        if split < warmup or self.before is None:
+            log.info(
+                "auto: the split measured %.3f s per step (%d steps), collocated %.3f s: kept",
+                split, len(self.split_steps), warmup,
+            )  # fmt: skip
+            self.coordinator.record("auto_placement_verified", split_s=split, collocated_s=warmup, kept=True)
+            return
+        coordinator = self.coordinator
+        now = coordinator.placement.groups
+        sources = {}
+        for name, ranks in self.before.items():
+            if set(ranks) - set(now[name]):  # ranks join it: they take its state
+                kept = coordinator.group(name).call("keep_state").result()
+                if any(kept):
+                    sources[name] = now[name][0]
+        for pipeline in members:
+            pipeline.close()
+            pipeline.first_sizes = {}
+        coordinator.repartition(self.before)
+        for name, source in sources.items():
+            coordinator.group(name).call("adopt_state", source).result()
+        self.choice, self.reverted = "collocated", True
+        log.warning(
+            "auto: the split measured %.3f s per step (%d steps; predicted %.3f s), not faster than "
+            "the collocated warm-up's %.3f s: moved back to collocated",
+            split, len(self.split_steps), self.prediction.disaggregated if self.prediction else 0.0, warmup,
+        )  # fmt: skip
+        coordinator.record("auto_placement_verified", split_s=split, collocated_s=warmup, kept=False)
 
 
 def shared_cores(coordinator: Coordinator, coordinator_busy: float) -> SharedCores:

@@ -179,6 +179,26 @@ class Worker:
         """Take back what `state_dict` returned (tensors arrive on the CPU)."""
         raise NotImplementedError(f"{type(self).__name__} saves state but has no load_state_dict()")
 
+    def keep_state(self) -> bool:
+        """Before ranks join this component (``auto`` moving back to collocated): keep a host
+        copy of `state_dict` for `adopt_state` — a joiner's ``setup`` and the regrouped ranks'
+        ``on_regroup`` may overwrite this rank's (DDP broadcasts the new group's first rank's
+        fresh weights). Whether there is state to hand on."""
+        from rlinf_hpc.runtime.checkpoint.state import host_copy
+
+        state = self.state_dict()
+        self._kept_state = None if state is None else host_copy(state)
+        return state is not None
+
+    def adopt_state(self, source: int) -> None:
+        """Every rank of the group takes the state world rank ``source`` kept (`keep_state`):
+        the joiners built theirs afresh. Called on the whole group after the re-partition."""
+        kept, self._kept_state = getattr(self, "_kept_state", None), None
+        root = self.group.world_ranks.index(source)
+        state = self.group.bcast(kept if self.rank == source else None, root=root)
+        if state is not None:
+            self.load_state_dict(state)
+
     # -- built-in methods callable from the coordinator -----------------------------------------
     def describe(self) -> dict[str, Any]:
         """Where this worker runs: world rank, group rank/size, host, process id, device."""
