@@ -445,9 +445,7 @@ def grpo_interrupt_flow(coordinator: Coordinator) -> Any:
 
         autoplace.predict = forced(autoplace.predict)  # type: ignore[assignment]
         autoplace.predict_ahead = forced(autoplace.predict_ahead)  # type: ignore[assignment]
-        if force == "disaggregated":  # and kept, whatever the split measures
-            autoplace.VERIFY_STEPS = 10**9
-        else:  # and measured slower than the warm-up: auto moves back
+        if force == "revert":  # and measured slower than the warm-up: auto moves back
             verify = autoplace.AutoPlacement._verify
 
             def slower(self: Any, members: Any) -> None:

@@ -118,7 +118,8 @@ def _reply(rank: int, busy: float, runqueue: float, cpu: float, items: int, **mo
 
 
 def test_auto_takes_the_wait_for_cores_out_of_what_the_warm_up_measured() -> None:
-    pipe = SimpleNamespace(stages=[Stage("gen", "generate"), Stage("train", "collect", "update", finish_scales=True)])
+    stages = [Stage("gen", "generate"), Stage("train", "collect", "update", finish_scales=True)]
+    pipe = SimpleNamespace(stages=stages)
     # two ranks, each waited for a core as long as it computed; the update too
     gen = [_reply(r, 2.0, 1.0, 1.0, 50) for r in (1, 2)]
     train = [
@@ -133,7 +134,8 @@ def test_auto_takes_the_wait_for_cores_out_of_what_the_warm_up_measured() -> Non
     (c,) = profiles_from_step(_one_stage(), StepResult(1, [], {}, 2.0, "collocated", [], [sleeping]))
     assert c.seconds_per_item == pytest.approx(2 * 1.99 / 100) and c.cpu_fraction < 0.02
     # ranks that measured nothing (no schedstats): as before
-    bare = [{k: v for k, v in _reply(r, 2.0, 0.0, 0.0, 50).items() if k not in ("cpu_s", "runqueue_s")} for r in (1, 2)]
+    measured = ("cpu_s", "runqueue_s")
+    bare = [{k: v for k, v in _reply(r, 2.0, 0.0, 0.0, 50).items() if k not in measured} for r in (1, 2)]
     (d,) = profiles_from_step(_one_stage(), StepResult(1, [], {}, 2.0, "collocated", [], [bare]))
     assert d.seconds_per_item == pytest.approx(0.04) and d.cpu_fraction == 0.0
     assert math.isclose(d.drain_seconds, 2.0)

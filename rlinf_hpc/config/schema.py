@@ -193,6 +193,15 @@ class PlacementConfig(_Section):
         description="For `auto`: pipeline steps run collocated to measure phase and switch times "
         "before the choice (the last one is measured; the first pays one-off switches).",
     )
+    auto_verify_steps: int = Field(
+        2,
+        ge=0,
+        le=100,
+        description="For `auto`, after it split the ranks: steps measured there (after the first, "
+        "which pays the move) before the split is kept; if their mean is not faster than the "
+        "collocated warm-up's step, every component moves back to every worker rank (joining "
+        "ranks take the state of one that kept it). 0: keep the prediction's choice unmeasured.",
+    )
 
 
 class PipelineConfig(_Section):

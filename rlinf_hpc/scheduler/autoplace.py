@@ -36,11 +36,6 @@ if TYPE_CHECKING:
 
 log = get_logger("auto")
 
-#: Steps measured on the split before ``auto`` keeps it (after the first step there, which pays
-#: the move: micro-batch sizes on probation, caches): if their mean is not faster than the
-#: collocated warm-up measured, the prediction was wrong and the ranks go back.
-VERIFY_STEPS = 2
-
 
 def profiles_from_step(pipeline: Pipeline, result: StepResult) -> list[PhaseProfile]:
     """One profile per stage from what its ranks measured in ``result``. Seconds per item are
@@ -151,6 +146,11 @@ class AutoPlacement:
     def __init__(self, coordinator: Coordinator, owner: str) -> None:
         self.coordinator = coordinator
         self.warmup_steps = coordinator.config.placement.auto_warmup_steps
+        #: Steps measured on the split before it is kept (after the first there, which pays
+        #: the move: micro-batch sizes on probation, rebuilt data parallelism, cold caches); if
+        #: their mean is not faster than the collocated warm-up, the prediction was wrong and
+        #: the ranks go back (`_verify`).
+        self.verify_steps = coordinator.config.placement.auto_verify_steps
         #: The pipelines placed together (`place_together`; none: the one named ``owner``)
         self.pipelines: list[Pipeline] = []
         self.names = [owner]
@@ -250,7 +250,7 @@ class AutoPlacement:
             return
         if self.choice == "disaggregated" and not self.verified and self.decided_at is not None:
             self.split_steps.append(max(self._latest[p.name][0].seconds for p in members))
-            if len(self.split_steps) >= VERIFY_STEPS:
+            if len(self.split_steps) >= self.verify_steps:
                 self._verify(members)
 
     def _decide(self, members: list[Pipeline]) -> None:
@@ -272,7 +272,8 @@ class AutoPlacement:
         else:
             raise ValueError(f"auto places one pipeline or two side by side, not {len(measured)}")
         self.prediction, self.choice, self.decided_at = prediction, prediction.choice, self.steps
-        self.warmup_s, self.verified = step_s, prediction.choice == "collocated"
+        self.warmup_s = step_s
+        self.verified = prediction.choice == "collocated" or self.verify_steps == 0
         self.before = {name: list(ranks) for name, ranks in self.coordinator.placement.groups.items()}
         together = f" ({' and '.join(p.name for p in members)}, placed together)" if len(members) > 1 else ""
         log.info(
@@ -303,7 +304,6 @@ class AutoPlacement:
                 groups[profile.name] = ranks[start : start + count]
                 start += count
             self.coordinator.repartition(groups)
-
 
     def _verify(self, members: list[Pipeline]) -> None:
         """Keep the split if its steps measured faster than the collocated warm-up; else move

@@ -128,7 +128,8 @@ class PhaseProfile:
     def cpu_seconds(self, num_items: float, ranks: int) -> float:
         """Seconds on a core each of ``ranks`` ranks spends on its share (alone).
 
-        >>> PhaseProfile("a", 0.02, cpu_fraction=0.5, finish_seconds=0.1, finish_cpu_fraction=1.0).cpu_seconds(10, 2)
+        >>> p = PhaseProfile("a", 0.02, cpu_fraction=0.5, finish_seconds=0.1, finish_cpu_fraction=1.0)
+        >>> p.cpu_seconds(10, 2)  # half of 0.1 s of work, and the whole finish
         0.15
         """
         busy = self.share_spread(num_items, ranks)[1] if self.cpu_fraction else 0.0

@@ -244,12 +244,14 @@ def build_pipelines(coordinator: Coordinator) -> list[Pipeline]:
 def _update_scales(coordinator: Coordinator, component: str) -> bool:
     """Whether ``auto`` should model a trainer's finish (`update`: epochs over the samples the
     rank collected) as work per sample: yes on accelerators, where one rank's update over N/r
-    samples takes about 1/r of N's. Not on CPU ranks sharing cores (this project's 2-core box):
-    the collocated warm-up runs every actor rank at once, each at cores/ranks of a core and on
-    a quarter of the batch, so per sample it read 3x what one actor rank alone then took
-    (predicted disaggregated 4.0 s, measured 1.3-1.4 s); a constant finish comes closer there
-    (1.36 s on-policy; 0.81 s against 1.15 measured off-policy). Modelling cores per node, and
-    batch size's effect on a CPU's speed, would lift this."""
+    samples takes about 1/r of N's. Not on CPU ranks: the warm-up's wait for cores is taken out
+    of what it measured (`scheduler.contention`), but at this project's sizes a CPU update's
+    cost is about half per optimizer step, not per sample (per-op overhead: 128 samples on each of
+    4 actor ranks took 0.45 s of CPU, all 512 on one rank 1.0-1.2 s, not 1.8): per sample,
+    the split was predicted at 3.1 s against 1.4 measured on 2 cores; a constant finish comes
+    closer (1.08-1.11 s predicted; off-policy 0.66 against 1.1), and `auto` measures the split
+    before it keeps it (`placement.auto_verify_steps`). A finish measured at two shares would
+    lift this."""
     return coordinator.config.components[component].device != "cpu"
 
 
