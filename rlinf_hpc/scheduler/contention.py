@@ -100,6 +100,12 @@ def contended(
             for r in ranks:
                 demand[r] += cpu
         busy = [min(1.0, d / step) for d in demand]
-        fresh = [slowdown(cores.others(i, busy), cores.cores[cores.nodes[i]]) for i in range(len(busy))]
+        known: dict[tuple[int, float], float] = {}  # ranks of one stage alike: computed once
+        fresh = []
+        for i, b in enumerate(busy):
+            key = (cores.nodes[i], b)
+            if key not in known:
+                known[key] = slowdown(cores.others(i, busy), cores.cores[cores.nodes[i]])
+            fresh.append(known[key])
         stretch = [(old + new) / 2 for old, new in zip(stretch, fresh, strict=True)]
     return step

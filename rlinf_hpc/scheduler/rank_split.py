@@ -48,7 +48,6 @@ def split_ranks(
     num_ranks: int,
     num_items: int | None = None,
     micro_batch: int | None = None,
-    cores: SharedCores | None = None,
 ) -> dict[str, int]:
     """Give each phase ranks in proportion to its work (at least one each): one rank each,
     then every further rank to the phase that is slowest per rank — the split whose bottleneck
@@ -58,8 +57,10 @@ def split_ranks(
     ``num_items``/``micro_batch`` given, ranks go where they shorten the predicted step
     (`placement_time`) most per rank instead, looking past plateaus (an engine gains nothing
     from a rank until its requests fit in one wave fewer) and past its longest response, where
-    an engine gains nothing at all; ranks that shorten nothing are given out as above. With
-    ``cores`` (CPU ranks sharing them) each trial is predicted with its ranks' contention.
+    an engine gains nothing at all; ranks that shorten nothing are given out as above. (The
+    trials leave out contention for cores: the split found is then predicted with it, by the
+    callers. At 32 emulated ranks, a contention fixed point per trial took the coordinator
+    5.7 s per decision.)
 
     >>> split_ranks([PhaseProfile("gen", 2.75), PhaseProfile("train", 0.45)], 15)
     {'gen': 13, 'train': 2}
@@ -69,13 +70,13 @@ def split_ranks(
     work = {p.name: p.seconds_per_item + p.finish_per_item for p in profiles}
     shares = dict.fromkeys(work, 1)
     if num_items is not None and micro_batch is not None and any(p.engine for p in profiles):
-        now = _split_time(profiles, shares, num_items, micro_batch, cores)
+        now = _split_time(profiles, shares, num_items, micro_batch)
         while sum(shares.values()) < num_ranks:
             left, best = num_ranks - sum(shares.values()), None
             for name in shares:
                 for extra in range(1, left + 1):
                     trial = {**shares, name: shares[name] + extra}
-                    time = _split_time(profiles, trial, num_items, micro_batch, cores)
+                    time = _split_time(profiles, trial, num_items, micro_batch)
                     gain = (now - time) / extra
                     if gain > 1e-9 * now and (best is None or gain > best[0]):
                         best = (gain, name, extra, time)
@@ -142,7 +143,7 @@ def predict(
     together = _collocated_time(profiles, num_items, micro_batch, num_ranks, cores)
     if num_ranks < len(profiles):
         return Prediction(max(together, measured_collocated or 0.0), math.inf, {})
-    ranks = split_ranks(profiles, num_ranks, num_items, micro_batch, cores)
+    ranks = split_ranks(profiles, num_ranks, num_items, micro_batch)
     apart = _split_time(profiles, ranks, num_items, micro_batch, cores)
     if measured_collocated is not None and measured_collocated > together:
         # per rank: one call per stage collocated, one call disaggregated
