@@ -11,6 +11,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import torch
 
 from rlinf_hpc.runtime.cpu_time import CpuClock
 from rlinf_hpc.scheduler.autoplace import profiles_from_step
@@ -18,6 +19,7 @@ from rlinf_hpc.scheduler.contention import SharedCores, contended, slowdown
 from rlinf_hpc.scheduler.cost_model import PhaseProfile
 from rlinf_hpc.scheduler.pipeline import Stage, StepResult
 from rlinf_hpc.scheduler.rank_split import predict, predict_ahead
+from rlinf_hpc.workers.base import Worker
 
 
 def _spin(seconds: float) -> None:
@@ -143,3 +145,21 @@ def test_auto_takes_the_wait_for_cores_out_of_what_the_warm_up_measured() -> Non
 
 def _one_stage() -> Any:
     return SimpleNamespace(stages=[Stage("gen", "generate")])
+
+
+class _Trainer(Worker):
+    def __init__(self, numbers: int) -> None:
+        self.weights = torch.arange(numbers, dtype=torch.float32)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"weights": self.weights, "step": 3}
+
+
+def test_a_worker_keeps_its_state_for_joining_ranks_unless_it_is_too_large_to_hand_on() -> None:
+    trainer = _Trainer(256)
+    assert trainer.keep_state() == {"state": True, "bytes": 1024, "kept": True}
+    trainer.weights += 1  # a host copy: what the rank holds now does not change it
+    assert trainer._kept_state["weights"][0] == 0.0 and trainer._kept_state["step"] == 3
+    assert trainer.keep_state(limit_bytes=1000) == {"state": True, "bytes": 1024, "kept": False}
+    assert trainer._kept_state is None  # auto keeps the split: nothing held for nobody
+    assert Worker().keep_state() == {"state": False, "bytes": 0, "kept": False}

@@ -323,12 +323,27 @@ class AutoPlacement:
             return
         coordinator = self.coordinator
         now = coordinator.placement.groups
-        sources = {}
+        sources, too_large = {}, []
         for name, ranks in self.before.items():
-            if set(ranks) - set(now[name]):  # ranks join it: they take its state
-                kept = coordinator.group(name).call("keep_state").result()
-                if any(kept):
+            if set(ranks) - set(now[name]):  # ranks join it: they take the state of its first
+                kept = coordinator.group(name).subset([0]).call("keep_state").result()[0]
+                if kept["state"]:
                     sources[name] = now[name][0]
+                if kept["state"] and not kept["kept"]:
+                    too_large.append(f"{name} ({kept['bytes'] / 2**30:.1f} GiB)")
+        if too_large:
+            log.warning(
+                "auto: the split measured %.3f s per step, not faster than the collocated warm-up's "
+                "%.3f s, but moving back would copy the state of %s through host memory to the "
+                "joining ranks: kept the split (placement.auto_verify_steps = 0 skips this check)",
+                split, warmup, ", ".join(too_large),
+            )  # fmt: skip
+            for name in sources:  # the copies the others kept: dropped
+                coordinator.group(name).subset([0]).call("keep_state", -1).result()
+            coordinator.record(
+                "auto_placement_verified", split_s=split, collocated_s=warmup, kept=True, too_large=too_large
+            )
+            return
         for pipeline in members:
             pipeline.close()
             pipeline.first_sizes = {}

@@ -28,6 +28,9 @@ from rlinf_hpc.log import get_logger
 from rlinf_hpc.workers.memory import SampleMemory, device_memory_fraction
 from rlinf_hpc.workers.stage import StageSpec, run_stage
 
+#: The largest state `Worker.keep_state` copies for ranks that join (`adopt_state`).
+ADOPT_LIMIT_BYTES = 2 << 30
+
 
 class Worker:
     """Base class for component workers. Subclass it and add public methods."""
@@ -179,16 +182,21 @@ class Worker:
         """Take back what `state_dict` returned (tensors arrive on the CPU)."""
         raise NotImplementedError(f"{type(self).__name__} saves state but has no load_state_dict()")
 
-    def keep_state(self) -> bool:
+    def keep_state(self, limit_bytes: int = ADOPT_LIMIT_BYTES) -> dict[str, Any]:
         """Before ranks join this component (``auto`` moving back to collocated): keep a host
         copy of `state_dict` for `adopt_state` — a joiner's ``setup`` and the regrouped ranks'
         ``on_regroup`` may overwrite this rank's (DDP broadcasts the new group's first rank's
-        fresh weights). Whether there is state to hand on."""
-        from rlinf_hpc.runtime.checkpoint.state import host_copy
+        fresh weights). Returns ``{"state": bool, "bytes": n, "kept": bool}``: a state larger
+        than ``limit_bytes`` is not copied (`adopt_state` passes it through the group
+        communicator, pickled in host memory: a 7B trainer's weights and Adam moments would be
+        ~84 GB per rank), and the caller does not move ranks in."""
+        from rlinf_hpc.runtime.checkpoint.state import host_copy, tensor_bytes
 
         state = self.state_dict()
-        self._kept_state = None if state is None else host_copy(state)
-        return state is not None
+        size = 0 if state is None else tensor_bytes(state)
+        kept = state is not None and size <= limit_bytes
+        self._kept_state = host_copy(state) if kept else None
+        return {"state": state is not None, "bytes": size, "kept": kept}
 
     def adopt_state(self, source: int) -> None:
         """Every rank of the group takes the state world rank ``source`` kept (`keep_state`):

@@ -116,6 +116,24 @@ def host_copy(state: Any, pool: dict[str, torch.Tensor] | None = None, path: str
     return state
 
 
+def tensor_bytes(state: Any) -> int:
+    """Bytes of the tensors and arrays in ``state`` (nested dicts, lists, tuples).
+
+    >>> import torch
+    >>> tensor_bytes({"w": torch.zeros(4), "m": [np.zeros(2, dtype=np.int64)], "step": 3})
+    32
+    """
+    if isinstance(state, _tensor_type()):
+        return state.numel() * state.element_size()
+    if isinstance(state, np.ndarray):
+        return int(state.nbytes)
+    if isinstance(state, dict):
+        return sum(tensor_bytes(value) for value in state.values())
+    if isinstance(state, (list, tuple)):
+        return sum(tensor_bytes(value) for value in state)
+    return 0
+
+
 def host_view(state: Any) -> Any:
     """``state`` with every tensor readable from host memory: CPU tensors as they are (a
     synchronous save writes them before training goes on), device tensors copied."""
