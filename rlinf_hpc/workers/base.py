@@ -29,7 +29,7 @@ from rlinf_hpc.workers.memory import SampleMemory, device_memory_fraction
 from rlinf_hpc.workers.stage import StageSpec, run_stage
 
 #: The largest state `Worker.keep_state` copies for ranks that join (`adopt_state`).
-ADOPT_LIMIT_BYTES = 2 << 30
+ADOPT_LIMIT_BYTES = 1 << 30  # pickled whole through MPI: below its 2 GiB message counts
 
 
 class Worker:
