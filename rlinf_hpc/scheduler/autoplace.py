@@ -1,14 +1,18 @@
 """``placement.mode = "auto"``: measure a short collocated warm-up, ask the cost model, move.
 
 The job starts with every component on every worker rank. After ``auto_warmup_steps`` pipeline
-steps, each stage's measured seconds per item (its slowest rank's busy time over an even share),
-switch time, finish time and (an engine's) time to first output become a `PhaseProfile`;
+steps, each stage's measured seconds per item (its slowest rank's busy time over an even share,
+without the time it waited for a core: `contention`), switch time, finish time and (an
+engine's) time to first output become a `PhaseProfile`;
 `rank_split.predict` compares collocated against a disaggregated split of the worker ranks in
 proportion to the stages' work (an engine that reports its steps is modelled instead:
 `engine_model.EngineModel`, its time on another share of the requests). If disaggregated wins,
 the coordinator re-partitions (ranks leave the components they no longer host, their state is
 torn down). The choice is logged and recorded with both predictions, and after the next step
-with the measured step time next to the predicted one. (Every pipeline, auto's too, bounds each
+with the measured step time next to the predicted one. The move is then measured
+(``auto_verify_steps`` steps): a split not faster than the collocated warm-up goes back, the
+joining ranks taking the state of a rank that kept it (`Worker.keep_state`/`adopt_state`).
+(Every pipeline, auto's too, bounds each
 stage's largest micro-batch by its device memory after its first step:
 `Pipeline.bound_micro_batches`.)
 

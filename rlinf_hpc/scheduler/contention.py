@@ -11,7 +11,6 @@ rank on a node of ``C`` cores with ``k`` other runnable ranks runs ``max(1, (k +
 slower, the others each runnable for the share of the step their CPU work takes (independent
 of one another: a Poisson-binomial count), solved to a fixed point with the step time.
 
->>> cores = SharedCores(nodes=(0, 0, 0, 0), cores=(2,))
 >>> round(slowdown([1.0, 1.0, 1.0], 2), 3)  # four ranks always runnable on 2 cores
 2.0
 >>> round(slowdown([0.5], 2), 3)  # one neighbour on 2 cores: never slower
