@@ -322,6 +322,7 @@ class Pipeline:
         self.coordinator.record(
             "pipeline_step", pipeline=self.name, step=result.step, seconds=result.seconds,
             placement=result.placement, items=num_items, stages=result.stages,
+            coordinator_busy=round(result.coordinator_busy, 4),
         )  # fmt: skip
 
 
