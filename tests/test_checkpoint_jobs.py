@@ -391,3 +391,23 @@ def test_auto_moves_back_when_the_split_measures_slower_and_the_joiners_take_the
     for state in kept:
         assert {int(s["step"]) for s in state["optimizer"]["state"].values()} == {steps}
     assert read_state(final, "coordinator")["groups"]["actor"] == [1, 2, 3, 4]
+
+
+@pytest.mark.slow  # two auto jobs of 5 ranks with moves: ~1.5 min
+def test_a_run_stopped_while_auto_measures_its_move_resumes_it_and_ends_equal(tmp_path: Path) -> None:
+    """Stopped (SIGUSR2) one step into the two that measure auto's split: the resume takes the
+    split back, measures the one step left, moves back like the uninterrupted run, and ends
+    bitwise equal to it."""
+    np, sets = AUTO
+    option = 'flow.options={{interrupt="{}", after_step={}, force_auto="revert"}}'
+    reference = _job(tmp_path / "reference", np, [*BASE, *sets, option.format("none", 0)])
+    assert reference.returncode == 0, reference.output
+    run_dir = tmp_path / "run"
+    first = _job(run_dir, np, [*BASE, *sets, option.format("usr2", 3)])
+    assert first.returncode == EXIT_SAVED_AND_STOPPED, first.output
+    assert "moved back" not in first.output
+    second = _job(run_dir, np, [*BASE, *sets, option.format("usr2", 3)])
+    assert second.returncode == 0, second.output
+    assert "moved back to collocated" in second.output and "auto: warm-up step" not in second.output
+    assert _metrics(run_dir) == _metrics(tmp_path / "reference")
+    _assert_same_state(_final(tmp_path / "reference"), _final(run_dir))

@@ -163,3 +163,72 @@ def test_a_worker_keeps_its_state_for_joining_ranks_unless_it_is_too_large_to_ha
     assert trainer.keep_state(limit_bytes=1000) == {"state": True, "bytes": 1024, "kept": False}
     assert trainer._kept_state is None  # auto keeps the split: nothing held for nobody
     assert Worker().keep_state() == {"state": False, "bytes": 0, "kept": False}
+
+
+class _Group:
+    def __init__(self, coordinator: _Coordinator, name: str, subset: tuple[int, ...] | None = None) -> None:
+        self.coordinator, self.name, self.members = coordinator, name, subset
+
+    def subset(self, ranks: list[int]) -> _Group:
+        return _Group(self.coordinator, self.name, tuple(ranks))
+
+    def call(self, method: str, *args: Any) -> Any:
+        self.coordinator.calls.append((self.name, self.members, method, args))
+        answer = self.coordinator.states.get(self.name) if method == "keep_state" and not args else None
+        return SimpleNamespace(result=lambda: [answer])
+
+
+class _Coordinator:
+    """What `AutoPlacement._verify` uses of the coordinator, recorded."""
+
+    def __init__(self, states: dict[str, dict[str, Any]]) -> None:
+        placement = SimpleNamespace(auto_warmup_steps=1, auto_verify_steps=2)
+        self.config = SimpleNamespace(placement=placement)
+        self.placement = SimpleNamespace(groups={"rollout": [1], "reward": [2], "actor": [3]})
+        self.states, self.calls, self.events = states, [], []
+
+    def group(self, name: str) -> _Group:
+        return _Group(self, name)
+
+    def repartition(self, groups: dict[str, list[int]]) -> None:
+        self.calls.append(("repartition", groups))
+        self.placement.groups = dict(groups)
+
+    def record(self, event: str, **fields: Any) -> None:
+        self.events.append((event, fields))
+
+
+def _verified(split_s: list[float], states: dict[str, dict[str, Any]]) -> tuple[_Coordinator, Any]:
+    from rlinf_hpc.scheduler.autoplace import AutoPlacement
+
+    coordinator = _Coordinator(states)
+    auto = AutoPlacement(coordinator, "p")  # type: ignore[arg-type]
+    auto.choice, auto.decided_at, auto.warmup_s, auto.split_steps = "disaggregated", 1, 1.0, split_s
+    auto.before = {name: [1, 2, 3] for name in ("rollout", "reward", "actor")}
+    pipe = SimpleNamespace(close=lambda: coordinator.calls.append(("close",)), first_sizes={"actor": 2})
+    auto._verify([pipe])  # type: ignore[list-item]
+    return coordinator, auto
+
+
+def test_auto_keeps_a_split_that_measured_faster_and_moves_back_from_one_that_did_not() -> None:
+    small = {"actor": {"state": True, "bytes": 10, "kept": True}, "rollout": {"state": False}}
+    small["reward"] = {"state": False, "bytes": 0, "kept": False}
+    coordinator, auto = _verified([0.8, 0.9], small)
+    assert coordinator.calls == [] and auto.choice == "disaggregated" and auto.verified
+    assert coordinator.events[-1][1]["kept"] is True
+
+    coordinator, auto = _verified([1.0, 1.2], small)
+    assert auto.choice == "collocated" and auto.reverted and auto.verified
+    methods = [call for call in coordinator.calls if call[0] != "close"]
+    # the first rank of each component that ranks join keeps its state; only the actor has one
+    assert ("actor", (0,), "keep_state", ()) in methods and ("rollout", (0,), "keep_state", ()) in methods
+    assert ("repartition", auto.before) in methods
+    assert methods[-1] == ("actor", None, "adopt_state", (3,))  # every actor rank takes rank 3's
+    assert coordinator.placement.groups == auto.before
+
+    large = {**small, "actor": {"state": True, "bytes": 3 << 30, "kept": False}}
+    coordinator, auto = _verified([1.0, 1.2], large)
+    assert auto.choice == "disaggregated" and not auto.reverted and auto.verified  # kept, warned
+    assert not any(call[0] == "repartition" for call in coordinator.calls)
+    assert coordinator.events[-1][1]["too_large"] == ["actor (3.0 GiB)"]
+    assert ("actor", (0,), "keep_state", (-1,)) in coordinator.calls  # the copies dropped
