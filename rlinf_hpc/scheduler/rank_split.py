@@ -96,9 +96,8 @@ def _split_time(
     num_items: int,
     micro_batch: int,
     cores: SharedCores | None = None,
-    first: int = 0,
 ) -> float:
-    sets = _disjoint_sets(profiles, shares, first)
+    sets = _disjoint_sets(profiles, shares)
     return contended(
         profiles, sets, num_items, cores, lambda ps: placement_time(ps, num_items, micro_batch, sets)
     )
