@@ -6,6 +6,7 @@ import pytest
 
 from rlinf_hpc.cluster import detect_environment
 from rlinf_hpc.cluster.devices import _visible_indices
+from rlinf_hpc.comm.mpi import default_transports
 from rlinf_hpc.errors import UserError
 
 SRUN_TASK = {  # what `srun --mpi=pmi2 -n 2` gave task 1 on the local cluster
@@ -101,3 +102,22 @@ def test_mpi_world_mismatch_explains_pmi() -> None:
 def test_cuda_visible_devices(cuda_visible: str | None, physical: int, expected: list[int]) -> None:
     env = {} if cuda_visible is None else {"CUDA_VISIBLE_DEVICES": cuda_visible}
     assert _visible_indices(physical, env) == expected
+
+
+@pytest.mark.parametrize(
+    ("variables", "expected"),
+    [
+        ({**SRUN_TASK, "SLURM_STEP_NUM_NODES": "1"}, "self,sm"),  # srun step on one node
+        ({**SRUN_TASK, "SLURM_STEP_NUM_NODES": "2"}, None),  # across nodes UCX needs the network
+        ({**HYDRA, "RLINF_HPC_LAUNCHED": "1"}, "self,sm"),  # rlinf-hpc's own local mpiexec
+        ({**HYDRA, "RLINF_HPC_LAUNCHED": "1", "SLURM_JOB_ID": "7"}, None),  # Hydra may span nodes
+        (HYDRA, None),  # a user's mpiexec: hosts unknown
+        ({**SRUN_TASK, "SLURM_STEP_NUM_NODES": "1", "UCX_TLS": "tcp"}, "tcp"),  # the user's choice
+    ],
+)
+def test_single_node_jobs_give_ucx_shared_memory_only(
+    variables: dict[str, str], expected: str | None
+) -> None:
+    environ = dict(variables)
+    default_transports(environ)
+    assert environ.get("UCX_TLS") == expected

@@ -105,6 +105,18 @@ def test_batch_script_without_srun_launches_itself(tmp_path: Path) -> None:
     assert "inside SLURM job" in text and "placement: 4 ranks" in text
 
 
+def test_a_one_node_srun_step_gives_ucx_shared_memory_only() -> None:
+    """MPI_Init of the bundled MPICH/UCX intermittently aborted under srun on this VM's NIC
+    (pmodels/mpich#7417); a one-node step now starts UCX with shared memory only."""
+    probe = (
+        "import os; from rlinf_hpc.comm.mpi import world; w = world(); "
+        "print(w.Get_rank(), w.allreduce(1), os.environ.get('UCX_TLS'))"
+    )
+    result = run_command(["srun", "-n", "3", "--mpi=pmi2", "python", "-c", probe], timeout=120)
+    assert result.returncode == 0, result.output
+    assert sorted(result.stdout.split("\n")[:3]) == ["0 3 self,sm", "1 3 self,sm", "2 3 self,sm"]
+
+
 def test_srun_without_pmi_is_explained_once() -> None:
     result = run_command(
         ["srun", "-n", "3", "--mpi=none", "rlinf-hpc", "run", str(CONFIGS / "hello.toml")], timeout=120

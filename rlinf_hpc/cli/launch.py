@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import NoReturn
 
 from rlinf_hpc.cluster import JobEnvironment
+from rlinf_hpc.comm.mpi import LAUNCHED_MARK as _LAUNCHED_MARK
 from rlinf_hpc.errors import UserError
 from rlinf_hpc.log import get_logger
 
 log = get_logger("launch")
 
-_LAUNCHED_MARK = "RLINF_HPC_LAUNCHED"
 
 
 def find_mpiexec() -> str:

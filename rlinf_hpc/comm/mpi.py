@@ -2,14 +2,42 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import MutableMapping
 from functools import cache
 from typing import Any
+
+# UCX packs every network interface it can use into the address each rank sends at MPI_Init,
+# loopback-only jobs included. On hosts whose NIC reports no link speed (virtual NICs: sysfs
+# speed -1) the receiving rank intermittently rejects that address ("failed to unpack address,
+# invalid bandwidth 0.00", pmodels/mpich#7417) and MPI_Init aborts. When every rank of the job
+# is known to share one node, shared memory is all UCX needs, so that is what it is given
+# unless the user chose transports themselves.
+SINGLE_NODE_UCX_TLS = "self,sm"
+# Set by `rlinf-hpc` in the environment of the ranks it starts under the venv's mpiexec.
+LAUNCHED_MARK = "RLINF_HPC_LAUNCHED"
+
+
+def _single_node_step(environ: MutableMapping[str, str]) -> bool:
+    """True when the launcher says all ranks run on one node: an ``srun`` step on one node, or
+    the venv's mpiexec started by rlinf-hpc outside SLURM (it then runs every rank locally)."""
+    if environ.get("SLURM_STEP_NUM_NODES"):
+        return environ["SLURM_STEP_NUM_NODES"] == "1"
+    return environ.get(LAUNCHED_MARK) == "1" and not environ.get("SLURM_JOB_ID")
+
+
+def default_transports(environ: MutableMapping[str, str] = os.environ) -> None:
+    """Give UCX shared-memory transports on a single-node job unless ``UCX_TLS`` is set."""
+    if "UCX_TLS" not in environ and _single_node_step(environ):
+        environ["UCX_TLS"] = SINGLE_NODE_UCX_TLS
 
 
 @cache
 def mpi() -> Any:
     """The ``mpi4py.MPI`` module (initialises MPI on first use)."""
     import mpi4py
+
+    default_transports()
 
     # We finalize explicitly after the last message; errors return as exceptions.
     mpi4py.rc.errors = "exception"
