@@ -20,7 +20,6 @@ from rlinf_hpc.log import get_logger
 log = get_logger("launch")
 
 
-
 def find_mpiexec() -> str:
     """The venv's mpiexec, else the first one on PATH. Raises `UserError` when there is none."""
     beside_python = Path(sys.executable).parent / "mpiexec"
