@@ -18,7 +18,12 @@ from rlinf_hpc.apps.math.tasks import (
     score_completion,
 )
 from rlinf_hpc.config import config_from_dict
-from rlinf_hpc.engines.generation import encode_prompts, generate, sequence_logprobs
+from rlinf_hpc.engines.generation import (
+    encode_prompts,
+    generate,
+    sequence_logprobs,
+    shared_prefix_logprobs,
+)
 from rlinf_hpc.engines.model import build_policy, check_model_dir
 from rlinf_hpc.engines.tokenizer import CharTokenizer
 from rlinf_hpc.errors import UserError
@@ -121,6 +126,38 @@ def test_seeded_sampling_does_not_depend_on_the_batch() -> None:
     start = len(prompts[0]) - 1
     manual = [full[start + t, token].item() for t, token in enumerate(completion)]
     assert lp.tolist() == pytest.approx(manual, abs=1e-5)
+
+
+def test_shared_prefix_logprobs_equal_the_full_rows_and_their_gradients() -> None:
+    """GRPO's groups run each prompt once; the completions' log-probs, entropies and the
+    gradient of a loss on them are what running every prompt + completion row gives."""
+    model, tokenizer = build_policy(
+        ModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64), [], 0
+    )
+    prompts = encode_prompts(tokenizer, ["12+34=", "5+78=", "90+12="])  # 5+78=: left-padded
+    rows = [prompts[i] for i in (0, 1, 0, 2, 1, 1, 0)]  # groups interleaved
+    completions = [[5 + (3 * i + j) % 7 for j in range(1 + i % 4)] for i in range(len(rows))]
+    results, gradients = [], []
+    for logprobs in (sequence_logprobs, shared_prefix_logprobs):
+        model.zero_grad()
+        values, entropies = logprobs(model, rows, completions, tokenizer.pad_id, with_entropy=True)
+        (torch.cat(values).sum() + torch.cat(entropies).sum()).backward()
+        results.append((values, entropies))
+        gradients.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    for full, shared in zip(*results, strict=True):
+        assert [len(t) for t in shared] == [len(c) for c in completions]
+        for a, b in zip(full, shared, strict=True):
+            assert torch.allclose(a, b, atol=1e-5)
+    assert torch.allclose(gradients[0], gradients[1], rtol=1e-4, atol=1e-6)
+    assert gradients[0].abs().sum() > 0
+    with torch.no_grad():  # every prompt distinct: the plain path
+        alone = shared_prefix_logprobs(model, prompts, completions[:3], tokenizer.pad_id)
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(
+            alone, sequence_logprobs(model, prompts, completions[:3], tokenizer.pad_id), strict=True
+        )
+    )
 
 
 def test_model_directory_checks(tmp_path: Path) -> None:

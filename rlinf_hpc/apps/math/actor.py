@@ -35,7 +35,7 @@ from rlinf_hpc.engines.distributed import (
     init_group_process_group,
     release_process_group,
 )
-from rlinf_hpc.engines.generation import encode_prompts, sequence_logprobs
+from rlinf_hpc.engines.generation import encode_prompts, sequence_logprobs, shared_prefix_logprobs
 from rlinf_hpc.engines.training import Trainer
 from rlinf_hpc.workers.sharding import even_share, minibatch_share
 from rlinf_hpc.workers.weights import send_weights
@@ -298,7 +298,7 @@ class ActorWorker(PolicyWorker):
                     ranks,
                 )
                 chunk = samples[part]
-                logprobs, entropies = sequence_logprobs(
+                logprobs, entropies = shared_prefix_logprobs(
                     self.trainer.module, [s["prompt"] for s in chunk], [s["ids"] for s in chunk],
                     self.tokenizer.pad_id, self.device, with_entropy=True,
                 )  # fmt: skip

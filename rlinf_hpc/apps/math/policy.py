@@ -19,7 +19,7 @@ import torch
 
 from rlinf_hpc.apps.math.tasks import make_task, score_completion
 from rlinf_hpc.config import Config
-from rlinf_hpc.engines.generation import encode_prompts, generate, sequence_logprobs
+from rlinf_hpc.engines.generation import encode_prompts, generate, shared_prefix_logprobs
 from rlinf_hpc.engines.model import build_policy, count_parameters
 from rlinf_hpc.engines.tokenizer import CharTokenizer, Tokenizer
 from rlinf_hpc.errors import UserError
@@ -298,12 +298,13 @@ class InferenceWorker(PolicyWorker):
     def logprobs(self, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
         prompts = [item["prompt_ids"] for item in batch for _ in item["completions"]]
         completions = [ids for item in batch for ids in item["completions"]]
-        old = sequence_logprobs(self.model, prompts, completions, self.tokenizer.pad_id, self.device)
+        pad = self.tokenizer.pad_id
+        old = shared_prefix_logprobs(self.model, prompts, completions, pad, self.device)
         ref = None
         if self.config.grpo.kl_coef > 0:
             if self.reference is None:
                 raise RuntimeError("set_reference() must run before log-probs with a KL penalty")
-            ref = sequence_logprobs(self.reference, prompts, completions, self.tokenizer.pad_id, self.device)
+            ref = shared_prefix_logprobs(self.reference, prompts, completions, pad, self.device)
         out, k = [], 0
         for item in batch:
             n = len(item["completions"])
