@@ -115,7 +115,15 @@ def test_seeded_sampling_does_not_depend_on_the_batch() -> None:
     together = generate(model, tokenizer, prompts, 5, keys, 1.0)
     alone = generate(model, tokenizer, prompts[1:2], 5, keys[1:2], 1.0)
     assert together[1].ids == alone[0].ids
-    other = generate(model, tokenizer, prompts, 5, [("s", 1, i) for i in range(3)], 1.0)
+    # rows that repeat a prompt share its prefill; each row still samples what it would alone
+    prompts.append(encode_prompts(tokenizer, ["5+6="])[0])  # shorter: left-padded
+    rows = [prompts[i] for i in (0, 3, 0, 1, 3, 0)]
+    row_keys = [("g", i) for i in range(len(rows))]
+    grouped = generate(model, tokenizer, rows, 5, row_keys, 1.0)
+    single = [generate(model, tokenizer, [r], 5, [k], 1.0)[0] for r, k in zip(rows, row_keys, strict=True)]
+    assert [c.ids for c in grouped] == [c.ids for c in single]
+    assert len({tuple(c.ids) for c in grouped}) > 2  # sampled, not one answer copied
+    other = generate(model, tokenizer, prompts[:3], 5, [("s", 1, i) for i in range(3)], 1.0)
     assert [c.ids for c in other] != [c.ids for c in together]  # another key, another sample
     # log-probs of a completion equal the sum of the model's next-token log-softmax
     completion = together[0].ids

@@ -25,14 +25,18 @@ def _stable_seed(*parts: Any) -> int:
 
 
 class GumbelSampler:
-    """A logits processor: ``scores / temperature`` plus per-row, per-position Gumbel noise."""
+    """A logits processor: ``scores / temperature`` plus per-row, per-position Gumbel noise.
 
-    def __init__(self, keys: Sequence[Any], temperature: float) -> None:
+    The noise of a row's ``n``-th new token is drawn from (key, n): the same whatever the
+    other rows of the batch, so also whatever width their prompts pad it to."""
+
+    def __init__(self, keys: Sequence[Any], temperature: float, prompt_width: int) -> None:
         self.keys = list(keys)
         self.temperature = temperature
+        self.prompt_width = prompt_width
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        position = input_ids.shape[1]
+        position = input_ids.shape[1] - self.prompt_width
         noise = torch.empty(scores.shape, dtype=torch.float32)
         generator = torch.Generator()
         for row, key in enumerate(self.keys):
@@ -67,6 +71,36 @@ def _left_pad(rows: Sequence[Sequence[int]], pad: int) -> tuple[torch.Tensor, to
     return ids, mask
 
 
+def _group_rows(rows: Sequence[Sequence[int]]) -> tuple[list[tuple[int, ...]], list[int]]:
+    """The distinct rows in first-seen order, and each row's index among them."""
+    unique: dict[tuple[int, ...], int] = {}
+    group = [unique.setdefault(tuple(r), len(unique)) for r in rows]
+    return list(unique), group
+
+
+@torch.no_grad()
+def _shared_prompt_cache(model: Any, prompt_ids: Sequence[Sequence[int]], pad: int, device: str) -> Any:
+    """The keys and values of every row's prompt but its last token, computed once per
+    distinct prompt (GRPO samples a group of completions of each): a cache for ``generate``,
+    which then runs the last prompt token and the new ones. None when no prompt repeats."""
+    prompts, group = _group_rows(prompt_ids)
+    if len(prompts) == len(prompt_ids) or max(len(p) for p in prompts) < 2:
+        return None
+    from transformers import DynamicCache
+
+    ids, mask = _left_pad(prompts, pad)
+    ids, mask = ids[:, :-1].to(device), mask[:, :-1].to(device)
+    cache = model(
+        input_ids=ids,
+        attention_mask=mask,
+        position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+        past_key_values=DynamicCache(),
+        use_cache=True,
+    ).past_key_values
+    cache.batch_select_indices(torch.tensor(group, device=device))
+    return cache
+
+
 @torch.no_grad()
 def generate(
     model: Any,
@@ -77,19 +111,23 @@ def generate(
     temperature: float = 1.0,
     device: str = "cpu",
 ) -> list[Completion]:
-    """One completion per prompt row: sampled with the row's key, or greedy when keys is None."""
+    """One completion per prompt row: sampled with the row's key, or greedy when keys is None.
+    Rows that repeat a prompt (a GRPO group) share its prefill (`_shared_prompt_cache`)."""
     from transformers import LogitsProcessorList
 
     ids, mask = _left_pad(prompt_ids, tokenizer.pad_id)
     processors = LogitsProcessorList()
     if sample_keys is not None:
-        processors.append(GumbelSampler(sample_keys, temperature))
+        processors.append(GumbelSampler(sample_keys, temperature, ids.shape[1]))
     was_training = model.training
     model.eval()
     try:
+        cache = _shared_prompt_cache(model, prompt_ids, tokenizer.pad_id, device)
+        shared = {} if cache is None else {"past_key_values": cache}
         out = model.generate(
             input_ids=ids.to(device),
             attention_mask=mask.to(device),
+            **shared,
             max_new_tokens=max_new_tokens,
             do_sample=False,
             num_beams=1,
@@ -178,11 +216,9 @@ def shared_prefix_logprobs(
     """
     from transformers import DynamicCache
 
-    unique: dict[tuple[int, ...], int] = {}
-    group = [unique.setdefault(tuple(p), len(unique)) for p in prompt_ids]
-    if len(unique) == len(prompt_ids) or not all(len(c) for c in completion_ids):
+    prompts, group = _group_rows(prompt_ids)
+    if len(prompts) == len(prompt_ids) or not all(len(c) for c in completion_ids):
         return sequence_logprobs(model, prompt_ids, completion_ids, pad_id, device, with_entropy)
-    prompts = list(unique)
     prefix_ids, prefix_mask = _left_pad(prompts, pad_id)
     prefix_mask = prefix_mask.to(device)
     prefix = model(
