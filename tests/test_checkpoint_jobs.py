@@ -11,6 +11,7 @@ import os
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -337,6 +338,20 @@ def test_deepspeed_zero2_actor_resumes_bitwise_equal_and_refuses_other_rank_coun
     _assert_same_state(_final(tmp_path / "reference"), _final(run_dir))  # both ZeRO partitions
 
 
+def _auto_stopped_and_resumed(tmp_path: Path, np: int, sets: list[str], force: str) -> tuple[Any, Any]:
+    """An auto job whose choice is forced (`force_auto`) run uninterrupted in
+    ``tmp_path/reference``, and in ``tmp_path/run`` stopped by SIGUSR2 after step 3 then
+    resumed: the stopped and the resumed run's results."""
+    option = f'flow.options={{{{interrupt="{{}}", after_step={{}}, force_auto="{force}"}}}}'
+    reference = _job(tmp_path / "reference", np, [*BASE, *sets, option.format("none", 0)])
+    assert reference.returncode == 0, reference.output
+    first = _job(tmp_path / "run", np, [*BASE, *sets, option.format("usr2", 3)])
+    assert first.returncode == EXIT_SAVED_AND_STOPPED, first.output
+    second = _job(tmp_path / "run", np, [*BASE, *sets, option.format("usr2", 3)])
+    assert second.returncode == 0, second.output
+    return first, second
+
+
 @pytest.mark.slow  # three auto jobs: 2.9 min on a slow box (off-policy: ~4)
 @pytest.mark.parametrize("off_policy", [False, True], ids=["on-policy", "off-policy"])
 def test_auto_resumed_after_it_split_the_ranks_takes_its_placement_back(
@@ -349,14 +364,8 @@ def test_auto_resumed_after_it_split_the_ranks_takes_its_placement_back(
     np, sets = AUTO
     sets = [*sets, f"grpo.off_policy_steps={int(off_policy)}"]
     sets = [*sets, "placement.auto_verify_steps=0"]  # kept, whatever the split measures
-    option = 'flow.options={{interrupt="{}", after_step={}, force_auto="disaggregated"}}'
-    reference = _job(tmp_path / "reference", np, [*BASE, *sets, option.format("none", 0)])
-    assert reference.returncode == 0, reference.output
+    _, second = _auto_stopped_and_resumed(tmp_path, np, sets, "disaggregated")
     run_dir = tmp_path / "run"
-    first = _job(run_dir, np, [*BASE, *sets, option.format("usr2", 3)])
-    assert first.returncode == EXIT_SAVED_AND_STOPPED, first.output
-    second = _job(run_dir, np, [*BASE, *sets, option.format("usr2", 3)])
-    assert second.returncode == 0, second.output
     assert "auto: warm-up step" not in second.output
     placements = [m["placement"] for m in _metrics(run_dir)]
     assert placements[0].startswith("auto:warm-up") and set(placements[1:]) == {"auto:disaggregated"}
@@ -399,15 +408,9 @@ def test_a_run_stopped_while_auto_measures_its_move_resumes_it_and_ends_equal(tm
     split back, measures the one step left, moves back like the uninterrupted run, and ends
     bitwise equal to it."""
     np, sets = AUTO
-    option = 'flow.options={{interrupt="{}", after_step={}, force_auto="revert"}}'
-    reference = _job(tmp_path / "reference", np, [*BASE, *sets, option.format("none", 0)])
-    assert reference.returncode == 0, reference.output
+    first, second = _auto_stopped_and_resumed(tmp_path, np, sets, "revert")
     run_dir = tmp_path / "run"
-    first = _job(run_dir, np, [*BASE, *sets, option.format("usr2", 3)])
-    assert first.returncode == EXIT_SAVED_AND_STOPPED, first.output
     assert "moved back" not in first.output
-    second = _job(run_dir, np, [*BASE, *sets, option.format("usr2", 3)])
-    assert second.returncode == 0, second.output
     assert "moved back to collocated" in second.output and "auto: warm-up step" not in second.output
     assert _metrics(run_dir) == _metrics(tmp_path / "reference")
     _assert_same_state(_final(tmp_path / "reference"), _final(run_dir))

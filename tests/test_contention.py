@@ -198,12 +198,16 @@ class _Coordinator:
         self.events.append((event, fields))
 
 
-def _verified(split_s: list[float], states: dict[str, dict[str, Any]]) -> tuple[_Coordinator, Any]:
+def _verified(
+    split_s: list[float], states: dict[str, dict[str, Any]], work: tuple[float, list[float]] | None = None
+) -> tuple[_Coordinator, Any]:
     from rlinf_hpc.scheduler.autoplace import AutoPlacement
 
     coordinator = _Coordinator(states)
     auto = AutoPlacement(coordinator, "p")  # type: ignore[arg-type]
     auto.choice, auto.decided_at, auto.warmup_s, auto.split_steps = "disaggregated", 1, 1.0, split_s
+    if work is not None:
+        auto.warmup_work, auto.split_work = work
     auto.before = {name: [1, 2, 3] for name in ("rollout", "reward", "actor")}
     pipe = SimpleNamespace(close=lambda: coordinator.calls.append(("close",)), first_sizes={"actor": 2})
     auto._verify([pipe])  # type: ignore[list-item]
@@ -232,3 +236,16 @@ def test_auto_keeps_a_split_that_measured_faster_and_moves_back_from_one_that_di
     assert not any(call[0] == "repartition" for call in coordinator.calls)
     assert coordinator.events[-1][1]["too_large"] == ["actor (3.0 GiB)"]
     assert ("actor", (0,), "keep_state", (-1,)) in coordinator.calls  # the copies dropped
+
+
+def test_auto_compares_its_move_per_unit_of_work_when_the_flow_reports_it() -> None:
+    """RL steps grow as responses lengthen: a split whose steps took longer because they did
+    more work is kept, and one that only looked faster because its steps did less goes back."""
+    small = {"actor": {"state": True, "bytes": 10, "kept": True}, "rollout": {"state": False}}
+    small["reward"] = {"state": False, "bytes": 0, "kept": False}
+    _, auto = _verified([1.05, 1.07], small, (1500.0, [1700.0, 1720.0]))  # 0.62 ms/token vs 0.67
+    assert auto.choice == "disaggregated" and not auto.reverted
+    _, auto = _verified([0.95, 0.97], small, (1500.0, [1300.0, 1310.0]))  # 0.74 ms/token
+    assert auto.choice == "collocated" and auto.reverted
+    _, auto = _verified([1.05, 1.07], small, (1500.0, [None, 1720.0]))  # not reported: seconds
+    assert auto.choice == "collocated" and auto.reverted

@@ -168,6 +168,11 @@ class AutoPlacement:
         self.warmup_s: float | None = None
         self.before: dict[str, list[int]] | None = None
         self.split_steps: list[float] = []  # the split's steps after its first
+        #: The same steps' work in the flow's own unit (`Pipeline.work`; None: not reported).
+        #: RL workloads drift (responses grow or shrink as the policy learns), so the split's
+        #: steps and the warm-up's are compared per unit of work.
+        self.warmup_work: float | None = None
+        self.split_work: list[float | None] = []
         self.verified = False  # the split measured faster, or the ranks went back
         self.reverted = False
 
@@ -211,6 +216,8 @@ class AutoPlacement:
             "warmup_s": self.warmup_s,
             "before": self.before,
             "split_steps": list(self.split_steps),
+            "warmup_work": self.warmup_work,
+            "split_work": list(self.split_work),
             "verified": self.verified,
             "reverted": self.reverted,
         }
@@ -223,6 +230,8 @@ class AutoPlacement:
         self.prediction = Prediction(**state["prediction"]) if state["prediction"] else None
         self.warmup_s, self.before = state.get("warmup_s"), state.get("before")
         self.split_steps = list(state.get("split_steps", []))
+        self.warmup_work = state.get("warmup_work")
+        self.split_work = list(state.get("split_work", [None] * len(self.split_steps)))
         # checkpoints from before ``auto`` verified its move: a split is kept as it was
         self.verified = state.get("verified", self.choice is not None)
         self.reverted = state.get("reverted", False)
@@ -254,6 +263,7 @@ class AutoPlacement:
             return
         if self.choice == "disaggregated" and not self.verified and self.decided_at is not None:
             self.split_steps.append(max(self._latest[p.name][0].seconds for p in members))
+            self.split_work.append(self._work(members))
             if len(self.split_steps) >= self.verify_steps:
                 self._verify(members)
 
@@ -276,7 +286,7 @@ class AutoPlacement:
         else:
             raise ValueError(f"auto places one pipeline or two side by side, not {len(measured)}")
         self.prediction, self.choice, self.decided_at = prediction, prediction.choice, self.steps
-        self.warmup_s = step_s
+        self.warmup_s, self.warmup_work = step_s, self._work(members)
         self.verified = prediction.choice == "collocated" or self.verify_steps == 0
         self.before = {name: list(ranks) for name, ranks in self.coordinator.placement.groups.items()}
         together = f" ({' and '.join(p.name for p in members)}, placed together)" if len(members) > 1 else ""
@@ -309,6 +319,12 @@ class AutoPlacement:
                 start += count
             self.coordinator.repartition(groups)
 
+    def _work(self, members: list[Pipeline]) -> float | None:
+        """The last step's work of the pipelines placed together (their `Pipeline.work`
+        summed), or None when one of them does not report it."""
+        works = [p.work(self._latest[p.name][0]) if p.work else None for p in members]
+        return None if any(w is None or w <= 0 for w in works) else float(sum(works))  # type: ignore[misc]
+
     def _verify(self, members: list[Pipeline]) -> None:
         """Keep the split if its steps measured faster than the collocated warm-up; else move
         every component back to the ranks it had then. Ranks that join a component take the
@@ -318,10 +334,19 @@ class AutoPlacement:
         split = sum(self.split_steps) / len(self.split_steps)
         warmup = self.warmup_s or 0.0
         self.verified = True
-        if split < warmup or self.before is None:
+        faster, per_work = split < warmup, ""
+        if self.warmup_work and all(self.split_work):
+            split_rate = sum(self.split_steps) / sum(self.split_work)  # type: ignore[arg-type]
+            warmup_rate = warmup / self.warmup_work
+            faster = split_rate < warmup_rate
+            per_work = (
+                f"; per unit of work (the steps did {sum(self.split_work) / len(self.split_work):.4g}"  # type: ignore[arg-type]
+                f" and {self.warmup_work:.4g}) {split_rate / warmup_rate:.2f}x the warm-up's time"
+            )
+        if faster or self.before is None:
             log.info(
-                "auto: the split measured %.3f s per step (%d steps), collocated %.3f s: kept",
-                split, len(self.split_steps), warmup,
+                "auto: the split measured %.3f s per step (%d steps), collocated %.3f s%s: kept",
+                split, len(self.split_steps), warmup, per_work,
             )  # fmt: skip
             self.coordinator.record("auto_placement_verified", split_s=split, collocated_s=warmup, kept=True)
             return
@@ -357,8 +382,9 @@ class AutoPlacement:
         self.choice, self.reverted = "collocated", True
         log.warning(
             "auto: the split measured %.3f s per step (%d steps; predicted %.3f s), not faster than "
-            "the collocated warm-up's %.3f s: moved back to collocated",
+            "the collocated warm-up's %.3f s%s: moved back to collocated",
             split, len(self.split_steps), self.prediction.disaggregated if self.prediction else 0.0, warmup,
+            per_work,
         )  # fmt: skip
         coordinator.record("auto_placement_verified", split_s=split, collocated_s=warmup, kept=False)
 

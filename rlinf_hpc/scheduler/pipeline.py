@@ -27,6 +27,7 @@ generated).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -78,9 +79,19 @@ class StepResult:
 class Pipeline:
     """Stages of a macro flow; `run` executes one step of them on the current placement."""
 
-    def __init__(self, coordinator: Coordinator, name: str = "pipeline") -> None:
+    def __init__(
+        self,
+        coordinator: Coordinator,
+        name: str = "pipeline",
+        work: Callable[[StepResult], float | None] | None = None,
+    ) -> None:
+        """``work``: a step's amount of work in the flow's own unit (an RL step's tokens), from
+        its result. ``auto`` then compares steps on different placements per unit of work:
+        the workload drifts as the policy learns (its responses grow or shrink), and its
+        measured move compares later steps with earlier ones."""
         self.coordinator = coordinator
         self.name = name
+        self.work = work
         self.stages: list[Stage] = []
         self._step = 0
         self._streams: list[str] = []

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from typing import Any
 
 from rlinf_hpc.apps.emulated.profile_file import get_profile
@@ -32,7 +33,7 @@ from rlinf_hpc.apps.emulated.profiles import Profile
 from rlinf_hpc.log import get_logger
 from rlinf_hpc.runtime.console import print_table
 from rlinf_hpc.runtime.metrics import MetricsLog
-from rlinf_hpc.scheduler import Coordinator, Pipeline
+from rlinf_hpc.scheduler import Coordinator, Pipeline, StepResult
 from rlinf_hpc.scheduler.autoplace import profiles_from_step, stage_micro_batches
 from rlinf_hpc.scheduler.cost_model import placement_time
 from rlinf_hpc.scheduler.off_policy import OneStepAhead
@@ -59,6 +60,11 @@ def predict(pipe: Pipeline, result: Any, num_items: int) -> float:
     return placement_time(profiles, num_items, stage_micro_batches(pipe, result), ranks)
 
 
+def _tokens_taken(stage: str) -> Callable[[StepResult], float]:
+    """A step's work (`auto` compares steps per unit of it): the tokens ``stage`` took."""
+    return lambda result: float(sum(stats["tokens"] for stats in result.finished[stage]))
+
+
 def emulated_rl_flow(coordinator: Coordinator) -> dict[str, Any]:
     config = coordinator.config
     emulation = config.emulation
@@ -78,7 +84,7 @@ def emulated_rl_flow(coordinator: Coordinator) -> dict[str, Any]:
     )
     pipes = []
     for name, components in parts:
-        pipes.append(Pipeline(coordinator, name))
+        pipes.append(Pipeline(coordinator, name, work=_tokens_taken(components[-1])))
         for component in components:
             engine = emulation.continuous_generation and profile.stages[component].kind == "generate"
             pipes[-1].stage(

@@ -25,7 +25,7 @@ from rlinf_hpc.log import get_logger
 from rlinf_hpc.runtime.checkpoint.manager import checkpoints_of
 from rlinf_hpc.runtime.console import print_table
 from rlinf_hpc.runtime.metrics import MetricsLog
-from rlinf_hpc.scheduler import Coordinator, Pipeline
+from rlinf_hpc.scheduler import Coordinator, Pipeline, StepResult
 from rlinf_hpc.scheduler.off_policy import OneStepAhead
 
 log = get_logger("grpo")
@@ -219,6 +219,14 @@ def _label(grpo: Any) -> str:
     return grpo.algorithm.upper() if grpo.control == "none" else f"{grpo.control}-control"
 
 
+def _step_tokens(result: StepResult) -> float:
+    """The tokens of a step's responses, `auto`'s unit of work: those the actor trained on
+    (each actor rank gathers the step's groups), or those generation passed on (off-policy)."""
+    if "actor" in result.finished:
+        return float(result.finished["actor"][0]["tokens"])
+    return float(sum(group["tokens"] for group in result.outputs))
+
+
 def build_pipelines(coordinator: Coordinator) -> list[Pipeline]:
     """On-policy: one pipeline, rollout -> reward -> inference (-> critic) -> actor. One-step
     off-policy: generation (rollout -> reward -> inference, whose outputs come back to the
@@ -233,7 +241,7 @@ def build_pipelines(coordinator: Coordinator) -> list[Pipeline]:
         parts = [("grpo", generation + training)]
     pipes = []
     for name, stages in parts:
-        pipe = Pipeline(coordinator, name)
+        pipe = Pipeline(coordinator, name, work=_step_tokens)
         for component, method, finish in stages:
             scales = finish is not None and _update_scales(coordinator, component)
             pipe.stage(component, method, finish=finish, finish_scales=scales)
