@@ -372,24 +372,39 @@ def test_auto_first_sizes_survive_a_checkpoint_taken_before_they_are_used() -> N
     assert again.first_sizes == {}
 
 
-def test_a_first_size_is_on_probation_like_a_halving() -> None:
-    """The size ``auto`` starts a stage at after a move is a change on probation: where it
-    costs much more per item than the size the ranks carried (the math rollout on CPU: 1.8x
-    at 2 prompts than at 8), the stage goes back to that size and no smaller from then on."""
+class _PerCallWorker(_BatchBoundWorker):
+    def process(self, batch):
+        time.sleep(0.02 + 0.0005 * len(batch))  # a call costs 20 ms, whatever its size
+        return batch
+
+
+@pytest.mark.parametrize("per_call", [True, False], ids=["per-call-cost", "per-item-cost"])
+def test_after_a_move_a_stage_tries_the_size_it_carried_once(per_call: bool) -> None:
+    """``auto`` starts a moved stage at its smallest size, with nothing measured on the new
+    placement (the service drops what was measured beside other components). After `patience`
+    micro-batches it tries the size its ranks carried, on probation: where a call costs about
+    the same whatever its size (the math rollout on CPU: 2 prompts ~1.8x costlier per item than
+    8) it keeps that size, and no smaller from then on; where each item costs the same, it goes
+    back, and no larger from then on."""
     from rlinf_hpc.scheduler.protocol import StageSpec
     from rlinf_hpc.workers.stage import _run_micro_batches
 
-    worker, out = _BatchBoundWorker(), []  # 5 ms per item at any size
-    worker.stage_sizes["process"] = 64
+    worker, out = (_PerCallWorker() if per_call else _BatchBoundWorker()), []
+    worker.stage_sizes["process"] = 32
     spec = StageSpec(
-        "process", "in", None, micro_batch=32, min_micro_batch=2, max_micro_batch=64, first_size=4
+        "process", "in", None, micro_batch=16, min_micro_batch=4, max_micro_batch=64, first_size=4
     )
-    key = (spec.method, spec.min_micro_batch, spec.max_micro_batch, spec.micro_batch)
-    knowledge = {"per_item": {64: (0.064, 64, 64.0)}, "floor": 2, "ceiling": 64, "trial": None, "since": 0}
-    worker.elastic_knowledge[key] = knowledge  # 1 ms per item at 64, measured on the old ranks
-    ran = _run_micro_batches(worker, spec, worker.process, _Trickle(24, 0.0), None, out.extend)
-    assert ran["micro_batches"] == [4, 4, 4, 4, 8] and out == list(range(24))
-    assert knowledge["floor"] == 64 and "back to 64" in ran["changes"][0]["reason"]
+    total = 4 * 4 + 4 * 32 + 8
+    ran = _run_micro_batches(worker, spec, worker.process, _Trickle(total, 0.0), None, out.extend)
+    assert ran["micro_batches"][:9] == [4] * 4 + [32] * 4 + [4 if not per_call else 8] and out == list(
+        range(total)
+    )
+    knowledge = worker.elastic_knowledge[(spec.method, 4, 64, 16)]
+    assert "started small after a move: try 32" in ran["changes"][0]["reason"], ran["changes"]
+    if per_call:
+        assert knowledge["floor"] == 32  # (a last stage then tries larger still: nothing waits)
+    else:
+        assert knowledge["ceiling"] == 4 and "back to 4" in ran["changes"][1]["reason"]
 
 
 def test_auto_profiles_see_a_streamed_batch_and_the_backlog_at_its_end() -> None:

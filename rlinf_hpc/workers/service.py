@@ -71,6 +71,11 @@ class WorkerService:
         if worker is not None:  # re-partition: keep state, swap communicator
             worker.group.free()
             worker.group = group
+            # what its elastic controllers measured (per-item costs by size) was measured
+            # beside other components and ranks: on the new placement it is learnt again
+            # (kept, a split started at its smallest micro-batches compared them with sizes
+            # the collocated warm-up measured while sharing the cores, and never grew)
+            worker.elastic_knowledge.clear()
             worker.on_regroup()
             return None
         try:

@@ -103,11 +103,9 @@ def _run_micro_batches(
     key = (spec.method, spec.min_micro_batch, spec.max_micro_batch, spec.micro_batch)
     knowledge = worker.elastic_knowledge.setdefault(key, {})
     size = carried.get(spec.method, spec.micro_batch) if spec.elastic else spec.micro_batch
-    if spec.elastic and spec.first_size:  # not below a size found to cost more per item
-        first = max(spec.first_size, knowledge.get("floor", spec.min_micro_batch))
-        if first < size and knowledge:  # on probation, as a halving: back if costlier per item
-            knowledge["trial"], knowledge["since"] = size, 0
-        size = first
+    before = size
+    if spec.elastic and spec.first_size:  # `auto` moved the ranks: start where it predicted
+        size = max(spec.first_size, knowledge.get("floor", spec.min_micro_batch))
     batching = ElasticBatching(
         spec.min_micro_batch,
         spec.max_micro_batch,
@@ -117,6 +115,8 @@ def _run_micro_batches(
         start=spec.micro_batch,
     )
     batching.adopt(knowledge)
+    if spec.elastic and spec.first_size:  # and try the size before once, measured here
+        batching.probe_after_move(before)
     meter = worker.sample_memory
     sizes: list[int] = []
     changes: list[dict[str, Any]] = []
