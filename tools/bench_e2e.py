@@ -34,7 +34,8 @@ batch) mostly measured 2 cores against 1 and is gone.
 ``--accuracy-steps N`` also runs the main job itself (its config and warm-start cache, N steps)
 on-policy and one-step off-policy, disaggregated, and reports ``off_policy_accuracy_delta`` =
 off-policy's final held-out accuracy - on-policy's, in points (required >= -5), and the two
-runs' step-time ratio at the main job's size (``main_job_off_policy_vs_on_policy``, >= 1.3).
+runs' step-time ratio at the main job's size (``main_job_off_policy_vs_on_policy``, >= 1.3);
+with ``--accuracy-seeds 0,1,2`` both are means over those job seeds (each seed printed).
 """
 
 from __future__ import annotations
@@ -159,14 +160,16 @@ def _settled(metrics: list[dict[str, Any]]) -> int:
     return max(3, first + 1)
 
 
-def run_accuracy(steps: int, out: Path, extra: list[str]) -> dict[str, Any]:
-    """The main job (its config and warm-start cache), on-policy and one-step off-policy."""
+def run_accuracy(steps: int, out: Path, extra: list[str], seed: int = 0) -> dict[str, Any]:
+    """The main job (its config and warm-start cache), on-policy and one-step off-policy, with
+    ``job.seed = seed`` (its warm start, prompts and samples)."""
     found: dict[str, Any] = {}
     for name, sets in (("on_policy", []), ("off_policy", ["grpo.off_policy_steps=1"])):
-        print(f"running the main job {name}, {steps} steps ...", flush=True)
-        metrics = _job(out / f"main-{name}", 5, [f"grpo.steps={steps}", *extra, *sets], name)
-        start = json.loads((out / f"main-{name}" / "summary.json").read_text())["eval_accuracy_start"]
-        eval_size = tomllib.loads((out / f"main-{name}" / "config.toml").read_text())["task"]["eval_size"]
+        print(f"running the main job {name}, {steps} steps, seed {seed} ...", flush=True)
+        run = out / f"main-{name}-{seed}"
+        metrics = _job(run, 5, [f"grpo.steps={steps}", f"job.seed={seed}", *extra, *sets], name)
+        start = json.loads((run / "summary.json").read_text())["eval_accuracy_start"]
+        eval_size = tomllib.loads((run / "config.toml").read_text())["task"]["eval_size"]
         measured = metrics[2:-1]
         elapsed, clock = [], 0.0
         for m in metrics:
@@ -253,12 +256,21 @@ def main() -> int:
         help="also run the main job N steps on- and off-policy (60: its length) for the accuracy delta",
     )  # fmt: skip
     parser.add_argument(
+        "--accuracy-seeds", default="0", metavar="S,S,...",
+        help="with --accuracy-steps: the job seeds to run both with; the delta and the step-time "
+        "ratio are their means (one seed is one draw of the training's randomness)",
+    )  # fmt: skip
+    parser.add_argument(
         "--png", help="with --accuracy-steps: the on/off-policy curves (default: bench_e2e_curves.png "
         "beside --json, else in the current directory)",
     )  # fmt: skip
     args = parser.parse_args()
     if args.png and not args.accuracy_steps:
         parser.error("--png draws the --accuracy-steps runs' curves: give --accuracy-steps N too")
+    try:
+        seeds = [int(x) for x in args.accuracy_seeds.split(",")] if args.accuracy_steps else []
+    except ValueError:
+        parser.error(f"--accuracy-seeds takes integers separated by commas, not {args.accuracy_seeds!r}")
     if args.steps < 5:
         parser.error("--steps must be >= 5 (auto warms up for 2 steps; the first 2-3 are not measured)")
     sys.path.insert(0, str(REPO))
@@ -269,7 +281,8 @@ def main() -> int:
         for mode in [m for m in MODES if m in args.modes.split(",")]:
             print(f"running {mode} ...", flush=True)
             raw[mode] = run_mode(mode, args.steps, args.np, Path(tmp) / "sft", Path(tmp), args.set)
-        accuracy = run_accuracy(args.accuracy_steps, Path(tmp), args.set) if args.accuracy_steps else None
+        by_seed = {k: run_accuracy(args.accuracy_steps, Path(tmp), args.set, k) for k in seeds}
+        accuracy = by_seed[seeds[0]] if by_seed else None
     manual = {m: raw[m]["step_s"] for m in ("disaggregated", "collocated", "hybrid") if m in raw}
     if not manual:
         parser.error("--modes needs at least one of disaggregated, collocated, hybrid")
@@ -281,19 +294,27 @@ def main() -> int:
     if "off_policy" in raw and "disaggregated" in raw:
         ratios["off_policy_vs_on_policy"] = raw["disaggregated"]["step_s"] / raw["off_policy"]["step_s"]
     if accuracy is not None:
-        on, off = accuracy["on_policy"], accuracy["off_policy"]
-        ratios["main_job_off_policy_vs_on_policy"] = on["step_s"] / off["step_s"]
-        accuracy["comparison"] = compare = compare_accuracy(on, off)
+        speed, deltas = [], []
+        for seed, runs in by_seed.items():
+            on, off = runs["on_policy"], runs["off_policy"]
+            speed.append(on["step_s"] / off["step_s"])
+            runs["comparison"] = compare = compare_accuracy(on, off)
+            deltas.append(compare["delta_end_points"])
+            print(
+                f"seed {seed}: held-out accuracy {100 * on['eval_accuracy_end']:.1f}% on-policy, "
+                f"{100 * off['eval_accuracy_end']:.1f}% off-policy: "
+                f"{compare['delta_end_points']:+.1f} points at the last evaluation (standard error of "
+                f"one such difference {compare['delta_end_stderr_points']:.1f}), "
+                f"{compare['delta_second_half_points']:+.1f} on average over the "
+                f"{compare['evals_second_half']} evaluations of the second half"
+            )
+        ratios["main_job_off_policy_vs_on_policy"] = sum(speed) / len(speed)
         # in points, rounded: 140/200 - 150/200 is -5 points, not -5.000000000000004
-        ratios["off_policy_accuracy_delta"] = compare["delta_end_points"]
+        ratios["off_policy_accuracy_delta"] = round(sum(deltas) / len(deltas), 4)
         raw["main_job"] = accuracy
-        print(
-            f"held-out accuracy, off-policy - on-policy: {compare['delta_end_points']:+.1f} points at the "
-            "last evaluation (standard error of one such difference "
-            f"{compare['delta_end_stderr_points']:.1f}), "
-            f"{compare['delta_second_half_points']:+.1f} on average over the {compare['evals_second_half']} "
-            "evaluations of the second half"
-        )
+        raw["main_job_seeds"] = {str(k): v for k, v in by_seed.items()}
+        if len(seeds) > 1:
+            print(f"mean over seeds {seeds}: {ratios['off_policy_accuracy_delta']:+.2f} points")
         plot_accuracy(accuracy, curves_path(args.png, args.json, "bench_e2e_curves.png"))
     print_table(
         f"math GRPO tiny, {args.np} ranks, {args.steps} steps per mode (best of ours: {best})",
@@ -302,7 +323,7 @@ def main() -> int:
             (m, str(r["placement"]), f"{r['step_s']:.3f}", f"{r['tokens_per_s']:.0f}",
              f"{r['bubble_fraction']:.2f}", f"{r['switch_s']:.3f}", f"{r['weight_sync_s']:.3f}")
             for m, r in raw.items()
-            if m != "main_job"
+            if not m.startswith("main_job")
         ],
     )  # fmt: skip
     if "auto" in raw:
