@@ -335,7 +335,7 @@ class AutoPlacement:
         warmup = self.warmup_s or 0.0
         self.verified = True
         faster, per_work = split < warmup, ""
-        if self.warmup_work and all(self.split_work):
+        if self.warmup_work and warmup > 0 and all(self.split_work):
             split_rate = sum(self.split_steps) / sum(self.split_work)  # type: ignore[arg-type]
             warmup_rate = warmup / self.warmup_work
             faster = split_rate < warmup_rate
