@@ -35,6 +35,18 @@ if alive "$DIR/pids/munged" && alive "$DIR/pids/slurmctld" && alive "$DIR/pids/s
     exit 0
 fi
 
+# Another local cluster (another RLINF_SLURM_DIR: a developer's beside CI's) holds the same
+# ports: our daemons would fail to bind and our jobs would run on its node, with its config.
+others=$(pgrep -a -x 'slurmctld|slurmd' 2>/dev/null | grep -v -- " -f $CONF" || true)
+if [ -n "$others" ] && [ -z "${RLINF_SLURMCTLD_PORT:-}${RLINF_SLURMD_PORT:-}" ]; then
+    log "other SLURM daemons run on this machine (not from $DIR), on the ports this cluster"
+    log "needs (${RLINF_SLURMCTLD_PORT:-6817}/${RLINF_SLURMD_PORT:-6818}):"
+    sed 's/^/[slurm-local]   /' <<<"$others" >&2
+    log "stop them first (RLINF_SLURM_DIR=<their dir> bash slurm/local/down.sh), or give this one"
+    log "other ports with RLINF_SLURMCTLD_PORT and RLINF_SLURMD_PORT"
+    exit 1
+fi
+
 mkdir -p "$DIR"/{state,spool,log,pids,munge}
 chmod 755 "$DIR" "$DIR/munge"   # munged insists its socket directory is not group/world writable
 
