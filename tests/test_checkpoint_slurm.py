@@ -40,13 +40,23 @@ def _job_field(job_id: str, name: str) -> str:
     return match.group(1) if match else ""
 
 
-def _wait_for(what: str, condition, timeout: float) -> None:
+def _wait_for(what: str, condition, timeout: float, job: tuple[str, Path] | None = None) -> None:
+    """Poll ``condition``; on timeout, fail with the job's state and the end of its log when
+    ``job`` = (job id, its log file) is given (a job that never started, or died in MPI_Init,
+    reads very differently from one that is only slow)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if condition():
             return
         time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
+    detail = ""
+    if job is not None:
+        job_id, log = job
+        state = run_command(["scontrol", "show", "job", "-o", job_id], timeout=30).output.strip()
+        queue = run_command(["squeue", "-h", "-o", "%i %T %R %j"], timeout=30).output.strip()
+        tail = log.read_text()[-4000:] if log.exists() else f"(no {log})"
+        detail = f"\njob: {state}\nqueue:\n{queue}\nlog tail:\n{tail}"
+    raise AssertionError(f"timed out waiting for {what}{detail}")
 
 
 def _start_now(job_id: str, pending_since: list[float]) -> bool:
@@ -78,14 +88,16 @@ def test_signal_save_requeue_resume_ends_equal_to_an_uninterrupted_run(tmp_path:
     assert submitted.returncode == 0, submitted.output
     job_id = re.search(r"submitted job (\d+)", submitted.stdout).group(1)  # type: ignore[union-attr]
     metrics = run_dir / "metrics.jsonl"
+    job = (job_id, run_dir / f"slurm-{job_id}.out")
     try:
-        _wait_for("10 steps", lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 10, 150)
+        ten = lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 10  # noqa: E731
+        _wait_for("10 steps", ten, 150, job)
         signal = run_command(["scancel", "--batch", "--signal=USR2", job_id], timeout=30)
         assert signal.returncode == 0, signal.output
-        _wait_for("the requeue", lambda: _job_field(job_id, "Restarts") == "1", 90)
+        _wait_for("the requeue", lambda: _job_field(job_id, "Restarts") == "1", 90, job)
         pending_since: list[float] = []
-        _wait_for("the requeued job to start", lambda: _start_now(job_id, pending_since), 150)
-        _wait_for("the job to finish", lambda: _job_field(job_id, "JobState") == "COMPLETED", 240)
+        _wait_for("the requeued job to start", lambda: _start_now(job_id, pending_since), 150, job)
+        _wait_for("the job to finish", lambda: _job_field(job_id, "JobState") == "COMPLETED", 240, job)
     finally:
         run_command(["scancel", job_id], timeout=30)
     log = (run_dir / f"slurm-{job_id}.out").read_text()

@@ -28,7 +28,7 @@ from rlinf_hpc.runtime.console import print_table
 from rlinf_hpc.runtime.events import EventLog
 from rlinf_hpc.runtime.heartbeat import Heartbeat
 from rlinf_hpc.runtime.rundir import RunDirectory, default_run_dir
-from rlinf_hpc.runtime.signals import install_signal_handlers
+from rlinf_hpc.runtime.signals import ignore_interrupts, install_signal_handlers
 from rlinf_hpc.runtime.stragglers import StragglerDetector, make_straggler_hook
 from rlinf_hpc.runtime.timeline import Timeline, write_spans
 from rlinf_hpc.scheduler import Coordinator, placement_rows
@@ -105,8 +105,10 @@ def run_job(request: JobRequest) -> int:
         try:
             return _coordinate(config, control, comm, infos, environment, request, run_dir)
         finally:
+            ignore_interrupts()  # the summary and the lock are written whatever arrives now
             run_dir.close()
     finally:
+        ignore_interrupts()
         if heartbeat is not None:
             heartbeat.close()
 

@@ -30,6 +30,15 @@ def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
     raise JobInterrupted(signum)
 
 
+def ignore_interrupts() -> None:
+    """The rank is on its way out (its work ended, cleanly or not): a SIGINT/SIGTERM arriving
+    now must not raise inside the cleanup. Under mpiexec a worker that the coordinator had
+    already stopped got Hydra's forwarded SIGINT while closing its heartbeat, died with a
+    traceback, and the job ended 131 instead of 130. Main thread only."""
+    for sig in HANDLED_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+
+
 def _flag_stop(signum: int, frame: FrameType | None) -> None:
     _stop_requested.append(signal.Signals(signum).name)
 
