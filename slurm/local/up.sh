@@ -66,6 +66,12 @@ if ! alive "$DIR/pids/munged"; then
     [ -S "$SOCK" ] || { log "munged did not create $SOCK; see $DIR/log/munged.log"; exit 1; }
 fi
 
+# Job ids unique across restarts of a fresh cluster (a new state directory starts at 1 again):
+# MPICH's shared-memory segments in /dev/shm are named after the job and step, and a segment a
+# killed job 1.0 left behind was attached to by the next cluster's job 1.0, whose MPI_Init then
+# read stale addresses ("UCX ERROR failed to unpack address, invalid bandwidth 0.00").
+FIRST_JOB_ID=$(( ($(date +%s) % 600000) * 100 + 1 ))
+
 cat >"$CONF" <<CONF
 ClusterName=local
 SlurmctldHost=localhost
@@ -94,6 +100,7 @@ MpiDefault=none
 ReturnToService=2
 SlurmdParameters=config_overrides
 MailProg=/bin/true
+FirstJobId=$FIRST_JOB_ID
 NodeName=localhost NodeAddr=127.0.0.1 CPUs=$CPUS Boards=1 SocketsPerBoard=1 CoresPerSocket=$CPUS ThreadsPerCore=1 RealMemory=8000 State=UNKNOWN
 PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 CONF
