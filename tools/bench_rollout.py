@@ -57,7 +57,7 @@ def make_model(hidden: int, directory: Path) -> Any:
 def bench_size(hidden: int, args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
     import torch
 
-    from rlinf_hpc.engines.generation import _left_pad
+    from rlinf_hpc.engines.generation import _pad
     from rlinf_hpc.engines.vllm_engine import VLLMRollout
 
     directory = scratch / f"h{hidden}"
@@ -71,7 +71,7 @@ def bench_size(hidden: int, args: argparse.Namespace, scratch: Path) -> dict[str
 
     from rlinf_hpc.engines.generation import GumbelSampler
 
-    ids, mask = _left_pad(rows, 0)
+    ids, mask = _pad(rows, 0, left=True)
     keys = [("bench", i) for i in range(len(rows))]
 
     @torch.no_grad()

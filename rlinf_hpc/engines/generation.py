@@ -61,14 +61,30 @@ def encode_prompts(tokenizer: Tokenizer, prompts: Sequence[str]) -> list[list[in
     return [prefix + tokenizer.encode(p) for p in prompts]
 
 
-def _left_pad(rows: Sequence[Sequence[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _pad(rows: Sequence[Sequence[int]], pad: int, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ids, attention mask)`` of the rows padded to the longest, on the left or the right."""
     width = max(len(r) for r in rows)
     ids = torch.full((len(rows), width), pad, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
     for i, row in enumerate(rows):
-        ids[i, width - len(row) :] = torch.tensor(row, dtype=torch.long)
-        mask[i, width - len(row) :] = 1
+        where = slice(width - len(row), width) if left else slice(0, len(row))
+        ids[i, where] = torch.tensor(row, dtype=torch.long)
+        mask[i, where] = 1
     return ids, mask
+
+
+def _prompt_pass(model: Any, ids: torch.Tensor, mask: torch.Tensor) -> Any:
+    """The model's output on left-padded prompts, positions counted from each one's first
+    token, with a fresh cache of their keys and values."""
+    from transformers import DynamicCache
+
+    return model(
+        input_ids=ids,
+        attention_mask=mask,
+        position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+        past_key_values=DynamicCache(),
+        use_cache=True,
+    )
 
 
 def _group_rows(rows: Sequence[Sequence[int]]) -> tuple[list[tuple[int, ...]], list[int]]:
@@ -86,17 +102,8 @@ def _shared_prompt_cache(model: Any, prompt_ids: Sequence[Sequence[int]], pad: i
     prompts, group = _group_rows(prompt_ids)
     if len(prompts) == len(prompt_ids) or max(len(p) for p in prompts) < 2:
         return None
-    from transformers import DynamicCache
-
-    ids, mask = _left_pad(prompts, pad)
-    ids, mask = ids[:, :-1].to(device), mask[:, :-1].to(device)
-    cache = model(
-        input_ids=ids,
-        attention_mask=mask,
-        position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
-        past_key_values=DynamicCache(),
-        use_cache=True,
-    ).past_key_values
+    ids, mask = _pad(prompts, pad, left=True)
+    cache = _prompt_pass(model, ids[:, :-1].to(device), mask[:, :-1].to(device)).past_key_values
     cache.batch_select_indices(torch.tensor(group, device=device))
     return cache
 
@@ -115,7 +122,7 @@ def generate(
     Rows that repeat a prompt (a GRPO group) share its prefill (`_shared_prompt_cache`)."""
     from transformers import LogitsProcessorList
 
-    ids, mask = _left_pad(prompt_ids, tokenizer.pad_id)
+    ids, mask = _pad(prompt_ids, tokenizer.pad_id, left=True)
     processors = LogitsProcessorList()
     if sample_keys is not None:
         processors.append(GumbelSampler(sample_keys, temperature, ids.shape[1]))
@@ -153,25 +160,25 @@ def join_rows(
     picks, from outputs at positions ``0 .. width - 2``, the positions that predict row ``i``'s
     completion tokens (position t predicts token t + 1)."""
     rows = [list(p) + list(c) for p, c in zip(prompt_ids, completion_ids, strict=True)]
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, row in enumerate(rows):
-        ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-        mask[i, : len(row)] = 1
+    ids, mask = _pad(rows, pad_id, left=False)
     spans = [slice(len(p) - 1, len(p) - 1 + len(c)) for p, c in zip(prompt_ids, completion_ids, strict=True)]
     return ids, mask, spans
 
 
-def _token_logprobs(logits: torch.Tensor, targets: torch.Tensor, with_entropy: bool) -> Any:
-    """``log softmax(logits)[target]`` per position, and the entropy there (or None)."""
+def _token_logprobs(
+    logits: torch.Tensor, targets: torch.Tensor, spans: list[slice], with_entropy: bool
+) -> Any:
+    """``log softmax(logits)[target]`` at each row's ``span`` of positions (a list of tensors),
+    and with ``with_entropy`` the entropy there too: ``(logprobs, entropies)``."""
     normalizer = torch.logsumexp(logits, dim=-1)
     token_logprobs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - normalizer
+    out = [token_logprobs[i, span] for i, span in enumerate(spans)]
     if not with_entropy:
-        return token_logprobs, None
+        return out
     from rlinf_hpc.algorithms import entropy_from_logits
 
-    return token_logprobs, entropy_from_logits(logits)
+    entropy = entropy_from_logits(logits)
+    return out, [entropy[i, span] for i, span in enumerate(spans)]
 
 
 def sequence_logprobs(
@@ -188,11 +195,7 @@ def sequence_logprobs(
     ids, mask, spans = join_rows(prompt_ids, completion_ids, pad_id)
     logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits.float()[:, :-1]
     # position t predicts token t + 1
-    token_logprobs, entropy = _token_logprobs(logits, ids[:, 1:].to(logits.device), with_entropy)
-    out = [token_logprobs[i, span] for i, span in enumerate(spans)]
-    if not with_entropy:
-        return out
-    return out, [entropy[i, span] for i, span in enumerate(spans)]
+    return _token_logprobs(logits, ids[:, 1:].to(logits.device), spans, with_entropy)
 
 
 def shared_prefix_logprobs(
@@ -214,30 +217,17 @@ def shared_prefix_logprobs(
     Hugging Face causal LMs that take ``past_key_values`` and ``position_ids`` (Llama, Qwen2,
     Mistral and the like); ``model`` may be wrapped in DDP (two forward calls, one backward).
     """
-    from transformers import DynamicCache
-
     prompts, group = _group_rows(prompt_ids)
     if len(prompts) == len(prompt_ids) or not all(len(c) for c in completion_ids):
         return sequence_logprobs(model, prompt_ids, completion_ids, pad_id, device, with_entropy)
-    prefix_ids, prefix_mask = _left_pad(prompts, pad_id)
+    prefix_ids, prefix_mask = _pad(prompts, pad_id, left=True)
     prefix_mask = prefix_mask.to(device)
-    prefix = model(
-        input_ids=prefix_ids.to(device),
-        attention_mask=prefix_mask,
-        position_ids=(prefix_mask.cumsum(-1) - 1).clamp(min=0),
-        past_key_values=DynamicCache(),
-        use_cache=True,
-    )
+    prefix = _prompt_pass(model, prefix_ids.to(device), prefix_mask)
     index = torch.tensor(group, device=device)
     cache = prefix.past_key_values
     cache.batch_select_indices(index)  # each row's copy of its prompt's keys and values
-    width = max(len(c) for c in completion_ids)
-    ids = torch.full((len(completion_ids), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(completion_ids), width), dtype=torch.long)
-    for i, row in enumerate(completion_ids):
-        ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-        mask[i, : len(row)] = 1
-    ids, mask = ids.to(device), mask.to(device)
+    ids, mask = _pad(completion_ids, pad_id, left=False)
+    ids, mask, width = ids.to(device), mask.to(device), ids.shape[1]
     starts = torch.tensor([len(p) for p in prompts], device=device)[index]
     rest = model(
         input_ids=ids,
@@ -248,8 +238,4 @@ def shared_prefix_logprobs(
     )
     # the prompt's last position predicts each row's first token; completion position t, t + 1
     logits = torch.cat([prefix.logits[index, -1:], rest.logits[:, :-1]], dim=1).float()
-    token_logprobs, entropy = _token_logprobs(logits, ids, with_entropy)
-    out = [token_logprobs[i, : len(row)] for i, row in enumerate(completion_ids)]
-    if not with_entropy:
-        return out
-    return out, [entropy[i, : len(row)] for i, row in enumerate(completion_ids)]
+    return _token_logprobs(logits, ids, [slice(0, len(row)) for row in completion_ids], with_entropy)
