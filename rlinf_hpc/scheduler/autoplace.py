@@ -27,9 +27,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from rlinf_hpc.comm import COORDINATOR_RANK
 from rlinf_hpc.log import get_logger
-from rlinf_hpc.scheduler.contention import SharedCores
+from rlinf_hpc.scheduler.contention import shared_cores
 from rlinf_hpc.scheduler.cost_model import PhaseProfile
 from rlinf_hpc.scheduler.engine_model import EngineModel, fit_engine
 from rlinf_hpc.scheduler.rank_split import Prediction, predict, predict_ahead
@@ -387,28 +386,6 @@ class AutoPlacement:
             per_work,
         )  # fmt: skip
         coordinator.record("auto_placement_verified", split_s=split, collocated_s=warmup, kept=False)
-
-
-def shared_cores(coordinator: Coordinator, coordinator_busy: float) -> SharedCores:
-    """The worker ranks' nodes (in the order ``auto`` gives ranks out), each node's cores (those
-    its ranks may run on, together) and the coordinator's share of its node's."""
-    slots = {slot.rank: slot for slot in coordinator.slots}
-    order: dict[int, int] = {}  # node index -> its position among the workers' nodes
-    for rank in coordinator.worker_ranks:
-        order.setdefault(slots[rank].node_index, len(order))
-    cpus: dict[int, set[int]] = {}
-    for slot in coordinator.slots:
-        if slot.node_index in order:
-            cpus.setdefault(order[slot.node_index], set()).update(slot.cpus)
-    background = [0.0] * len(order)
-    mine = slots.get(COORDINATOR_RANK)
-    if mine is not None and mine.node_index in order:
-        background[order[mine.node_index]] = coordinator_busy
-    return SharedCores(
-        tuple(order[slots[rank].node_index] for rank in coordinator.worker_ranks),
-        tuple(max(1, len(cpus.get(i, ()))) for i in range(len(order))),
-        tuple(background),
-    )
 
 
 def _profile_fields(profile: PhaseProfile) -> dict[str, Any]:

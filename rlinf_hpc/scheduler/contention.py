@@ -23,8 +23,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from rlinf_hpc.comm import COORDINATOR_RANK
 from rlinf_hpc.scheduler.cost_model import PhaseProfile
+
+if TYPE_CHECKING:
+    from rlinf_hpc.scheduler.coordinator import Coordinator
 
 #: Fixed-point rounds at most, and the change in step time that ends them.
 _ROUNDS, _TOLERANCE = 20, 1e-3
@@ -108,3 +113,25 @@ def contended(
             fresh.append(known[key])
         stretch = [(old + new) / 2 for old, new in zip(stretch, fresh, strict=True)]
     return step
+
+
+def shared_cores(coordinator: Coordinator, coordinator_busy: float) -> SharedCores:
+    """The worker ranks' nodes (in the order ``auto`` gives ranks out), each node's cores (those
+    its ranks may run on, together) and the coordinator's share of its node's."""
+    slots = {slot.rank: slot for slot in coordinator.slots}
+    order: dict[int, int] = {}  # node index -> its position among the workers' nodes
+    for rank in coordinator.worker_ranks:
+        order.setdefault(slots[rank].node_index, len(order))
+    cpus: dict[int, set[int]] = {}
+    for slot in coordinator.slots:
+        if slot.node_index in order:
+            cpus.setdefault(order[slot.node_index], set()).update(slot.cpus)
+    background = [0.0] * len(order)
+    mine = slots.get(COORDINATOR_RANK)
+    if mine is not None and mine.node_index in order:
+        background[order[mine.node_index]] = coordinator_busy
+    return SharedCores(
+        tuple(order[slots[rank].node_index] for rank in coordinator.worker_ranks),
+        tuple(max(1, len(cpus.get(i, ()))) for i in range(len(order))),
+        tuple(background),
+    )
