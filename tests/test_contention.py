@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from rlinf_hpc.runtime.cpu_time import CpuClock
-from rlinf_hpc.scheduler.autoplace import profiles_from_step
+from rlinf_hpc.scheduler.profiles import profiles_from_step
 from rlinf_hpc.scheduler.contention import SharedCores, contended, slowdown
 from rlinf_hpc.scheduler.cost_model import PhaseProfile
 from rlinf_hpc.scheduler.pipeline import Stage, StepResult

@@ -4,7 +4,7 @@ On CPU ranks a stage's speed depends on its neighbours. ``auto``'s warm-up runs 
 every worker rank at once (4 ranks on this project's 2-core box: each gets half a core), the
 split it predicts runs stages side by side that are not always busy together. Each rank's stage
 loop measures how much of its busy time it spent on a core and how long it waited for one
-(`runtime.cpu_time`); `autoplace.profiles_from_step` takes the wait out (a profile's times are
+(`runtime.cpu_time`); `profiles.profiles_from_step` takes the wait out (a profile's times are
 then a rank's alone) and keeps the share that is CPU work (`PhaseProfile.cpu_fraction`).
 `contended` puts back what a placement's own neighbours cost, by processor sharing: a runnable
 rank on a node of ``C`` cores with ``k`` other runnable ranks runs ``max(1, (k + 1) / C)`` times

@@ -79,7 +79,7 @@ class PhaseProfile:
     #: last items of a long-tailed stream are its longest responses, so the step's last item
     #: may take longer through the stage than a micro-batch of the mean (0: not measured). On
     #: ranks apart from its upstream, how long after the upstream's last output it ended, if
-    #: longer: the heavy last items queue there (`autoplace.profiles_from_step`).
+    #: longer: the heavy last items queue there (`profiles.profiles_from_step`).
     drain_seconds: float = 0.0
     #: The items of that micro-batch (0: not known). Predicted at smaller micro-batches, the
     #: drain shrinks in proportion: a collocated warm-up's last micro-batch is a rank's whole
