@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from rlinf_hpc.runtime.cpu_time import CpuClock
-from rlinf_hpc.scheduler.profiles import profiles_from_step
 from rlinf_hpc.scheduler.contention import SharedCores, contended, slowdown
 from rlinf_hpc.scheduler.cost_model import PhaseProfile
 from rlinf_hpc.scheduler.pipeline import Stage, StepResult
+from rlinf_hpc.scheduler.profiles import profiles_from_step
 from rlinf_hpc.scheduler.rank_split import predict, predict_ahead
 from rlinf_hpc.workers.base import Worker
 

@@ -10,10 +10,10 @@ import pytest
 
 from rlinf_hpc.channel.policies import ConsumerView, ItemInfo, LocalFirst
 from rlinf_hpc.config import config_from_dict
-from rlinf_hpc.scheduler.profiles import profiles_from_step
 from rlinf_hpc.scheduler.cost_model import PhaseProfile, placement_time
 from rlinf_hpc.scheduler.pipeline import UNBOUNDED, Pipeline, StepResult
 from rlinf_hpc.scheduler.placement import Placement
+from rlinf_hpc.scheduler.profiles import profiles_from_step
 from rlinf_hpc.scheduler.rank_split import split_ranks
 from rlinf_hpc.workers.memory import host_memory_fraction
 

@@ -34,9 +34,9 @@ from rlinf_hpc.log import get_logger
 from rlinf_hpc.runtime.console import print_table
 from rlinf_hpc.runtime.metrics import MetricsLog
 from rlinf_hpc.scheduler import Coordinator, Pipeline, StepResult
-from rlinf_hpc.scheduler.profiles import profiles_from_step, stage_micro_batches
 from rlinf_hpc.scheduler.cost_model import placement_time
 from rlinf_hpc.scheduler.off_policy import OneStepAhead
+from rlinf_hpc.scheduler.profiles import profiles_from_step, stage_micro_batches
 
 log = get_logger("emulated")
 
