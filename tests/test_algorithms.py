@@ -140,6 +140,47 @@ def test_policy_loss_clip_higher_dual_clip_metrics_and_every_aggregation() -> No
         ppo_policy_loss(old, logp, advantages, mask, low, high, 1.0)
 
 
+def test_decoupled_policy_loss_clips_around_the_proximal_policy_and_weights_by_the_behaviour() -> None:
+    """The decoupled objective: with the proximal policy equal to the behaviour policy it is the
+    plain one; otherwise each token's clipped loss is taken against the proximal policy and
+    scaled by pi_prox / pi_behav, and a token whose weight passes the cap is left out."""
+    low, high, c = 0.2, 0.28, 3.0
+    behaviour = torch.tensor([[-1.0, -1.0, -1.0], [-2.0, -2.0, 0.0]], dtype=D)
+    logp = torch.tensor([[-0.5, -1.1, -1.0], [0.0, -2.1, 0.0]], dtype=D)
+    advantages = torch.tensor([[1.0, 1.0, -1.0], [-2.0, -2.0, 0.0]], dtype=D)
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=D)
+    plain, plain_metrics = ppo_policy_loss(behaviour, logp, advantages, mask, low, high, c)
+    same, same_metrics = ppo_policy_loss(
+        behaviour, logp, advantages, mask, low, high, c, proximal_log_prob=behaviour.clone()
+    )
+    assert same.item() == pytest.approx(plain.item(), rel=1e-12)
+    assert same_metrics.behaviour_weight.item() == pytest.approx(1.0)
+    assert same_metrics.behaviour_capped.item() == 0.0 and plain_metrics.behaviour_weight is None
+    # the proximal policy one update ahead of the behaviour; token (0, 2) ran 2 nats away: capped
+    proximal = torch.tensor([[-0.6, -0.9, 1.0], [-1.5, -2.2, 0.0]], dtype=D)
+    loss, metrics = ppo_policy_loss(
+        behaviour, logp, advantages, mask, low, high, c, proximal_log_prob=proximal, behaviour_weight_cap=5.0
+    )
+    valid = [(i, t) for i in range(2) for t in range(3) if mask[i, t]]
+    weights = {(i, t): math.exp(proximal[i, t].item() - behaviour[i, t].item()) for i, t in valid}
+    assert weights[(0, 2)] > 5.0 and all(w < 5.0 for k, w in weights.items() if k != (0, 2))
+    expected = sum(
+        weights[(i, t)]
+        * _hand_token_loss(logp[i, t].item(), proximal[i, t].item(), advantages[i, t].item(), low, high, c)[0]
+        for i, t in valid
+        if (i, t) != (0, 2)
+    ) / len(valid)  # token-mean: the dropped token still counts in the denominator
+    assert loss.item() == pytest.approx(expected, rel=1e-9)
+    assert metrics.behaviour_capped.item() == pytest.approx(1 / len(valid))
+    kept = [w for k, w in weights.items() if k != (0, 2)]
+    assert metrics.behaviour_weight.item() == pytest.approx(sum(kept) / len(kept))
+    # ppo_kl is the sampled KL from the proximal policy (where the clip is centred)
+    kl = sum(proximal[i, t].item() - logp[i, t].item() for i, t in valid) / len(valid)
+    assert metrics.ppo_kl.item() == pytest.approx(kl, rel=1e-7)
+    with pytest.raises(ValueError, match="behaviour weight cap must be > 1"):
+        ppo_policy_loss(behaviour, logp, advantages, mask, low, high, c, behaviour_weight_cap=1.0)
+
+
 def test_kl_estimators_and_their_clamps() -> None:
     logp = torch.tensor([-1.0, -30.0, -0.1], dtype=D)
     ref = torch.tensor([-1.5, -0.1, -30.0], dtype=D)

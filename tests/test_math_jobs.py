@@ -82,6 +82,20 @@ def test_fixed_seed_gives_the_same_numbers_and_off_policy_starts_on_policy(tmp_p
     assert lags == [0, 1, 1] and third["off_policy_steps"] == 1 and third["mean_policy_lag"] == 2 / 3
 
 
+def test_decoupled_loss_starts_at_the_behaviour_policy_and_records_its_weights(tmp_path: Path) -> None:
+    """Off-policy with the decoupled objective: the first step trains on on-policy samples, so
+    the proximal policy (the actor's own no-grad forward, every minibatch before the update's
+    first optimizer step) is the behaviour policy (inference's log-probs) and the weights are 1;
+    later steps' samples are one update old and their weights leave 1."""
+    sets = [*[s for s in TINY if not s.startswith("grpo.steps=")], "grpo.steps=3", *ONE_WORKER]
+    summary, _ = _run(tmp_path, 2, [*sets, "grpo.off_policy_steps=1", "grpo.decoupled_loss=true"])
+    assert summary["outcome"] == "ok" and summary["off_policy_steps"] == 1
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    assert [m["policy_lag"] for m in metrics] == [0, 1, 1]
+    assert abs(metrics[0]["behaviour_weight"] - 1.0) < 1e-5 and metrics[0]["behaviour_capped"] == 0.0
+    assert all(abs(m["behaviour_weight"] - 1.0) > 1e-5 for m in metrics[1:])
+
+
 @pytest.mark.parametrize(
     ("sets", "message"),
     [

@@ -14,10 +14,25 @@ aggregated with `agg_loss`. Metrics, as veRL defines them (means over the masked
 ``pg_clipfrac_lower`` — share where the dual clip is (``A < 0`` and ``L > -A c``);
 ``ppo_kl`` — ``mean(logp_old - logp)``, the sampled KL(old || new).
 
+**Decoupled objective** (off-policy samples; Hilton et al. 2021, "Batch size-invariance for
+policy optimization", as AReaL trains asynchronously): with ``proximal_log_prob`` given — the
+policy the update started from, while ``old_log_prob`` is the *behaviour* policy that sampled
+the tokens, some updates older — the trust region is taken around the proximal policy
+(``rho = pi / pi_prox``) and each token's loss is weighted by the detached importance weight
+``w = pi_prox / pi_behav``; tokens whose ``w`` exceeds ``behaviour_weight_cap`` are dropped
+(weight 0; they still count in the aggregation's denominator). Clipping against the behaviour
+policy instead (the plain objective on stale samples) starts the update with ratios already
+away from 1, so part of the batch is clipped before it has moved. Extra metrics:
+``behaviour_weight`` (mean ``w`` over the kept tokens) and ``behaviour_capped`` (share dropped).
+
 >>> loss, m = ppo_policy_loss(torch.tensor([[-0.5]]), torch.tensor([[0.0]]), torch.tensor([[1.0]]),
 ...                           torch.ones(1, 1), 0.2, 0.2)
 >>> round(loss.item(), 4), m.pg_clipfrac.item()  # rho = e^0.5 > 1.2: clipped at -1.2
 (-1.2, 1.0)
+>>> loss, m = ppo_policy_loss(torch.tensor([[-0.5]]), torch.tensor([[0.0]]), torch.tensor([[1.0]]),
+...                           torch.ones(1, 1), 0.2, 0.2, proximal_log_prob=torch.tensor([[0.0]]))
+>>> round(loss.item(), 4), m.pg_clipfrac.item(), round(m.behaviour_weight.item(), 4)  # rho 1, w e^0.5
+(-1.6487, 0.0, 1.6487)
 """
 
 from __future__ import annotations
@@ -34,6 +49,8 @@ class PolicyLossMetrics:
     pg_clipfrac: torch.Tensor
     pg_clipfrac_lower: torch.Tensor
     ppo_kl: torch.Tensor
+    behaviour_weight: torch.Tensor | None = None
+    behaviour_capped: torch.Tensor | None = None
 
 
 def ppo_policy_loss(
@@ -46,10 +63,18 @@ def ppo_policy_loss(
     clip_ratio_c: float = 3.0,
     loss_agg_mode: str = "token-mean",
     dp: DataParallelScale | None = None,
+    proximal_log_prob: torch.Tensor | None = None,
+    behaviour_weight_cap: float = 5.0,
 ) -> tuple[torch.Tensor, PolicyLossMetrics]:
-    """``[batch, T]`` tensors -> (scalar loss, metrics)."""
+    """``[batch, T]`` tensors -> (scalar loss, metrics); ``proximal_log_prob``: the decoupled
+    objective (module docstring)."""
     if clip_ratio_c <= 1.0:
         raise ValueError(f"the dual-clip bound clip_ratio_c must be > 1, got {clip_ratio_c}")
+    if behaviour_weight_cap <= 1.0:
+        raise ValueError(f"the behaviour weight cap must be > 1, got {behaviour_weight_cap}")
+    behaviour_log_prob = old_log_prob
+    if proximal_log_prob is not None:
+        old_log_prob = proximal_log_prob.detach()
     log_ratio = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
@@ -67,4 +92,13 @@ def ppo_policy_loss(
             ),
             ppo_kl=masked_mean(-log_ratio, response_mask),
         )
+    if proximal_log_prob is not None:
+        with torch.no_grad():
+            weight = torch.exp(torch.clamp(old_log_prob - behaviour_log_prob, min=-20.0, max=20.0))
+            capped = torch.gt(weight, behaviour_weight_cap)
+            weight = torch.where(capped, torch.zeros_like(weight), weight)
+            kept = response_mask * (~capped).to(response_mask.dtype)
+            metrics.behaviour_weight = masked_mean(weight, kept)
+            metrics.behaviour_capped = masked_mean(capped.to(weight.dtype), response_mask)
+        per_token = per_token * weight
     return agg_loss(per_token, response_mask, loss_agg_mode, dp), metrics

@@ -280,55 +280,87 @@ class ActorWorker(PolicyWorker):
 
     def _policy_steps(self, samples: list[dict[str, Any]], advantages: torch.Tensor) -> dict[str, float]:
         """The clipped-objective optimizer steps on this rank's share; metrics averaged over
-        the steps and the actor ranks."""
+        the steps and the actor ranks. Off-policy (``grpo.decoupled_loss``) the clip is taken
+        around the weights the update starts from (`_proximal_logprobs`)."""
+        grpo = self.config.grpo
+        decoupled = grpo.decoupled_loss and grpo.off_policy_steps > 0
+        keys = ("loss", "pg_loss", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "entropy", "kl", "grad_norm")
+        keys += ("behaviour_weight", "behaviour_capped") if decoupled else ()
+        ranks = self.group_size if self.distributed else 1
+        lengths = [len(x["ids"]) for x in samples]
+        parts = [
+            minibatch_share(lengths, self.group_size, self.group_rank, grpo.minibatches, m, ranks)
+            for m in range(grpo.minibatches)
+        ]
+        proximal = self._proximal_logprobs(samples, parts) if decoupled else None
+        sums = np.zeros(len(keys))
+        for _ in range(grpo.update_epochs):
+            for m, (part, dp) in enumerate(parts):
+                sums += self._minibatch_step(samples[part], advantages[part], dp, proximal, m)
+        means = self.group.allreduce(sums / (grpo.update_epochs * len(parts))) / self.group_size
+        return dict(zip(keys, (float(v) for v in means), strict=True))
+
+    def _minibatch_step(
+        self,
+        chunk: list[dict[str, Any]],
+        advantages: torch.Tensor,
+        dp: Any,
+        proximal: dict[int, torch.Tensor] | None,
+        m: int,
+    ) -> np.ndarray:
+        """One optimizer step on minibatch ``m``'s part of this rank's share; its metrics (in
+        `_policy_steps`' order). ``proximal``: the decoupled loss's log-probs per minibatch, the
+        first one's filled in here from its first forward."""
         grpo = self.config.grpo
         width = grpo.max_new_tokens
-        ranks = self.group_size if self.distributed else 1
-        keys = ("loss", "pg_loss", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "entropy", "kl", "grad_norm")
-        sums = dict.fromkeys(keys, 0.0)
-        steps = 0
-        for _ in range(grpo.update_epochs):
-            for m in range(grpo.minibatches):
-                part, dp = minibatch_share(
-                    [len(x["ids"]) for x in samples],
-                    self.group_size,
-                    self.group_rank,
-                    grpo.minibatches,
-                    m,
-                    ranks,
-                )
+        logprobs, entropies = shared_prefix_logprobs(
+            self.trainer.module, [s["prompt"] for s in chunk], [s["ids"] for s in chunk],
+            self.tokenizer.pad_id, self.device, with_entropy=True,
+        )  # fmt: skip
+        logp, mask = pad_right(logprobs, width)
+        old, _ = pad_right([s["old"] for s in chunk], width)
+        if proximal is not None and m not in proximal:
+            proximal[m] = logp.detach()  # the first minibatch: the weights the update started from
+        pg_loss, metrics = ppo_policy_loss(
+            old, logp, advantages, mask, grpo.clip_low, grpo.clip_high, grpo.clip_ratio_c,
+            grpo.loss_agg_mode, dp, proximal_log_prob=None if proximal is None else proximal[m],
+            behaviour_weight_cap=grpo.behaviour_weight_cap,
+        )  # fmt: skip
+        entropy, _ = pad_right(entropies, width)
+        loss = pg_loss
+        if grpo.entropy_coef > 0:
+            loss = loss - grpo.entropy_coef * agg_loss(entropy, mask, grpo.loss_agg_mode, dp)
+        kl = torch.zeros(())
+        if grpo.kl_coef > 0:
+            ref, _ = pad_right([s["ref"] for s in chunk], width)
+            kl_tokens = kl_penalty(logp, ref, grpo.kl_estimator)
+            loss = loss + grpo.kl_coef * agg_loss(kl_tokens, mask, grpo.loss_agg_mode, dp)
+            kl = masked_mean(kl_tokens.detach(), mask)
+        grad_norm = self.trainer.step(loss)
+        values = [
+            loss.item(), pg_loss.item(), metrics.pg_clipfrac.item(), metrics.pg_clipfrac_lower.item(),
+            metrics.ppo_kl.item(), masked_mean(entropy.detach(), mask).item(), kl.item(), grad_norm,
+        ]  # fmt: skip
+        if proximal is not None:
+            values += [metrics.behaviour_weight.item(), metrics.behaviour_capped.item()]
+        return np.array(values)
+
+    def _proximal_logprobs(
+        self, samples: list[dict[str, Any]], parts: list[tuple[slice, Any]]
+    ) -> dict[int, torch.Tensor]:
+        """The decoupled loss's proximal policy: the log-probs, under the weights this update
+        starts from, of minibatches 1.. of this rank's share (one no-grad forward before the
+        first optimizer step; minibatch 0's come with its first forward)."""
+        proximal = {}
+        with torch.no_grad():
+            for m, (part, _) in enumerate(parts[1:], start=1):
                 chunk = samples[part]
-                logprobs, entropies = shared_prefix_logprobs(
+                logprobs = shared_prefix_logprobs(
                     self.trainer.module, [s["prompt"] for s in chunk], [s["ids"] for s in chunk],
-                    self.tokenizer.pad_id, self.device, with_entropy=True,
+                    self.tokenizer.pad_id, self.device,
                 )  # fmt: skip
-                logp, mask = pad_right(logprobs, width)
-                old, _ = pad_right([s["old"] for s in chunk], width)
-                pg_loss, metrics = ppo_policy_loss(
-                    old, logp, advantages[part], mask, grpo.clip_low, grpo.clip_high,
-                    grpo.clip_ratio_c, grpo.loss_agg_mode, dp,
-                )  # fmt: skip
-                entropy, _ = pad_right(entropies, width)
-                loss = pg_loss
-                if grpo.entropy_coef > 0:
-                    loss = loss - grpo.entropy_coef * agg_loss(entropy, mask, grpo.loss_agg_mode, dp)
-                kl = torch.zeros(())
-                if grpo.kl_coef > 0:
-                    ref, _ = pad_right([s["ref"] for s in chunk], width)
-                    kl_tokens = kl_penalty(logp, ref, grpo.kl_estimator)
-                    loss = loss + grpo.kl_coef * agg_loss(kl_tokens, mask, grpo.loss_agg_mode, dp)
-                    kl = masked_mean(kl_tokens.detach(), mask)
-                grad_norm = self.trainer.step(loss)
-                values = (
-                    loss.item(), pg_loss.item(), metrics.pg_clipfrac.item(), metrics.pg_clipfrac_lower.item(),
-                    metrics.ppo_kl.item(), masked_mean(entropy.detach(), mask).item(), kl.item(), grad_norm,
-                )  # fmt: skip
-                for key, value in zip(keys, values, strict=True):
-                    sums[key] += value
-                steps += 1
-        means = self.group.allreduce(np.array([sums[k] / steps for k in keys])) / self.group_size
-        out = dict(zip(keys, (float(v) for v in means), strict=True))
-        return out
+                proximal[m], _ = pad_right(logprobs, self.config.grpo.max_new_tokens)
+        return proximal
 
     def _supervised_steps(self, step: int) -> dict[str, float]:
         """The supervised control: as many optimizer steps as an RL update takes, on the warm

@@ -150,7 +150,21 @@ class GRPOConfig(_Section):
         le=1,
         description="`1`: one-step off-policy: while the actor updates on step t's samples, "
         "rollout already generates step t+1's with the weights of step t-1 (the staleness is "
-        "recorded as `policy_lag`; the ratio uses the behaviour policy's log-probs). `0`: on-policy.",
+        "recorded as `policy_lag`; the behaviour policy's log-probs weight the loss: "
+        "`decoupled_loss`). `0`: on-policy.",
+    )
+    decoupled_loss: bool = Field(
+        True,
+        description="Off-policy (`off_policy_steps = 1`): clip each update around the weights it "
+        "starts from (the proximal policy: one extra no-grad forward of the samples) and weight "
+        "each token by proximal / behaviour probability — the decoupled PPO objective (AReaL). "
+        "`false`: clip around the behaviour policy's log-probs. On-policy the two are the same policy.",
+    )
+    behaviour_weight_cap: float = Field(
+        5.0,
+        gt=1,
+        description="Decoupled loss: tokens whose proximal / behaviour probability exceeds this "
+        "are left out of the update.",
     )
     max_new_tokens: int = Field(6, ge=1, description="Longest completion.")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature of the rollout.")

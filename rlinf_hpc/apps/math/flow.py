@@ -6,8 +6,8 @@ reward -> inference (-> critic) -> actor (a `Pipeline`: micro-batches, any place
 again, evaluate now and then. With ``grpo.off_policy_steps = 1`` the generation (rollout ->
 reward -> inference) and the training ((critic ->) actor) are two pipelines: step t's update
 runs beside step t+1's generation, which uses the weights from before that update (one step
-stale, `policy_lag` in the metrics; the importance ratio is against the behaviour policy, whose
-log-probs inference computed with the rollout's weights). ``grpo.control`` swaps the RL update
+stale, `policy_lag` in the metrics; the behaviour policy's log-probs, which inference computed
+with the rollout's weights, weight the decoupled loss: `grpo.decoupled_loss`). ``grpo.control`` swaps the RL update
 for a frozen actor or supervised steps, the controls of tools/bench_learning.py. Writes
 ``metrics.jsonl`` (one line per step), ``progress.png`` and the summary's headline figures.
 """
