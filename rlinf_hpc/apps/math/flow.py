@@ -7,8 +7,9 @@ again, evaluate now and then. With ``grpo.off_policy_steps = 1`` the generation 
 reward -> inference) and the training ((critic ->) actor) are two pipelines: step t's update
 runs beside step t+1's generation, which uses the weights from before that update (one step
 stale, `policy_lag` in the metrics; the behaviour policy's log-probs, which inference computed
-with the rollout's weights, weight the decoupled loss: `grpo.decoupled_loss`). ``grpo.control`` swaps the RL update
-for a frozen actor or supervised steps, the controls of tools/bench_learning.py. Writes
+with the rollout's weights, weight the decoupled loss: `grpo.decoupled_loss`). ``grpo.control``
+swaps the RL update for a frozen actor or supervised steps, the controls of
+tools/bench_learning.py. Writes
 ``metrics.jsonl`` (one line per step), ``progress.png`` and the summary's headline figures.
 """
 
