@@ -185,6 +185,9 @@ def test_a_stopped_run_resumes_exactly_in_another_placement(tmp_path: Path) -> N
 
     records = learning(tmp_path / "whole")
     assert [r["staleness"] for r in records] == [0, 1, 1, 1, 1]  # the first rollout is fresh
+    # stale rollouts train with the decoupled loss: weighted by proximal / behaviour probability
+    assert ["behaviour_weight" in r for r in records] == [False, True, True, True, True]
+    assert all(r["behaviour_weight"] != 1.0 and r["behaviour_capped"] < 0.05 for r in records[1:])
     scales = [r["reward_scale"] for r in records]  # CartPole: +1 a step, returns grow to ~1/(1-gamma)
     assert scales[0] > 1 and len(set(scales)) == len(scales), scales
     assert learning(tmp_path / "cut") == records

@@ -139,6 +139,9 @@ class ActorWorker(Worker):
             "returns": returns.flatten(),
             "values": values.flatten(),
         }
+        if staleness > 0 and ppo.decoupled_loss:  # the proximal policy: the weights this update starts from
+            with torch.no_grad():
+                flat["proximal"], _ = self.model.log_prob_entropy(flat["obs"], flat["actions"])
         for group in self.trainer.optimizer.param_groups:
             group["lr"] = lr
         total = steps * n
@@ -180,8 +183,10 @@ class ActorWorker(Worker):
         advantages = batch["advantages"].unsqueeze(-1)
         if ppo.normalize_advantages and len(logp) > 1:
             advantages = masked_whiten(advantages, mask)
+        proximal = batch["proximal"].unsqueeze(-1) if "proximal" in batch else None
         pg_loss, pg = ppo_policy_loss(
             batch["logp"].unsqueeze(-1), logp.unsqueeze(-1), advantages, mask, ppo.clip_eps, ppo.clip_eps,
+            proximal_log_prob=proximal, behaviour_weight_cap=ppo.behaviour_weight_cap,
         )  # fmt: skip
         v_loss, vf_clipfrac = clipped_value_loss(
             vpred.unsqueeze(-1),
@@ -200,7 +205,11 @@ class ActorWorker(Worker):
             "clipfrac": float(pg.pg_clipfrac),
             "vf_clipfrac": float(vf_clipfrac),
             "grad_norm": grad_norm,
-        }
+        } | (
+            {"behaviour_weight": float(pg.behaviour_weight), "behaviour_capped": float(pg.behaviour_capped)}
+            if proximal is not None
+            else {}
+        )
 
     def state_dict(self) -> dict[str, Any]:
         return {

@@ -85,9 +85,23 @@ class PPOConfig(Section):
     async_updates: bool = Field(
         False,
         description="Collect rollout k+1 with the weights rollout k was collected with while the "
-        "actor trains on rollout k (one update stale; the PPO ratio is taken against the "
-        "behaviour policy's log-probs, so the staleness is importance-corrected). The actor "
-        "needs ranks of its own for the two to overlap.",
+        "actor trains on rollout k (one update stale, importance-corrected with the behaviour "
+        "policy's log-probs: `decoupled_loss`). The actor needs ranks of its own for the two to "
+        "overlap.",
+    )
+    decoupled_loss: bool = Field(
+        True,
+        description="With async_updates: clip each update around the weights it starts from "
+        "(the proximal policy; one no-grad forward of the rollout) and weight each transition by "
+        "proximal / behaviour probability — the decoupled PPO objective (AReaL). `false`: clip "
+        "around the behaviour policy's log-probs. A rollout collected with the trained weights "
+        "(staleness 0) takes the plain objective either way.",
+    )
+    behaviour_weight_cap: float = Field(
+        5.0,
+        gt=1,
+        description="Decoupled loss: transitions whose proximal / behaviour probability exceeds "
+        "this are left out.",
     )
     max_staleness: int = Field(
         1, ge=0, le=1, description="Largest allowed gap (updates) between behaviour and trained weights."
