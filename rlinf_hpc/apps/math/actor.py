@@ -280,8 +280,9 @@ class ActorWorker(PolicyWorker):
 
     def _policy_steps(self, samples: list[dict[str, Any]], advantages: torch.Tensor) -> dict[str, float]:
         """The clipped-objective optimizer steps on this rank's share; metrics averaged over
-        the steps and the actor ranks. Off-policy (``grpo.decoupled_loss``) the clip is taken
-        around the weights the update starts from (`_proximal_logprobs`)."""
+        the steps and the actor ranks. Off-policy (``grpo.decoupled_loss``) each minibatch's
+        clip is taken around its own log-probs at its first forward in this update (its
+        proximal policy; no extra forward), weighted by their ratio to the behaviour's."""
         grpo = self.config.grpo
         decoupled = grpo.decoupled_loss and grpo.off_policy_steps > 0
         keys = ("loss", "pg_loss", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "entropy", "kl", "grad_norm")
@@ -292,7 +293,7 @@ class ActorWorker(PolicyWorker):
             minibatch_share(lengths, self.group_size, self.group_rank, grpo.minibatches, m, ranks)
             for m in range(grpo.minibatches)
         ]
-        proximal = self._proximal_logprobs(samples, parts) if decoupled else None
+        proximal: dict[int, torch.Tensor] | None = {} if decoupled else None
         sums = np.zeros(len(keys))
         for _ in range(grpo.update_epochs):
             for m, (part, dp) in enumerate(parts):
@@ -309,8 +310,8 @@ class ActorWorker(PolicyWorker):
         m: int,
     ) -> np.ndarray:
         """One optimizer step on minibatch ``m``'s part of this rank's share; its metrics (in
-        `_policy_steps`' order). ``proximal``: the decoupled loss's log-probs per minibatch, the
-        first one's filled in here from its first forward."""
+        `_policy_steps`' order). ``proximal``: the decoupled loss's log-probs per minibatch,
+        filled in at the minibatch's first forward."""
         grpo = self.config.grpo
         width = grpo.max_new_tokens
         logprobs, entropies = shared_prefix_logprobs(
@@ -320,7 +321,7 @@ class ActorWorker(PolicyWorker):
         logp, mask = pad_right(logprobs, width)
         old, _ = pad_right([s["old"] for s in chunk], width)
         if proximal is not None and m not in proximal:
-            proximal[m] = logp.detach()  # the first minibatch: the weights the update started from
+            proximal[m] = logp.detach()
         pg_loss, metrics = ppo_policy_loss(
             old, logp, advantages, mask, grpo.clip_low, grpo.clip_high, grpo.clip_ratio_c,
             grpo.loss_agg_mode, dp, proximal_log_prob=None if proximal is None else proximal[m],
@@ -344,23 +345,6 @@ class ActorWorker(PolicyWorker):
         if proximal is not None:
             values += [metrics.behaviour_weight.item(), metrics.behaviour_capped.item()]
         return np.array(values)
-
-    def _proximal_logprobs(
-        self, samples: list[dict[str, Any]], parts: list[tuple[slice, Any]]
-    ) -> dict[int, torch.Tensor]:
-        """The decoupled loss's proximal policy: the log-probs, under the weights this update
-        starts from, of minibatches 1.. of this rank's share (one no-grad forward before the
-        first optimizer step; minibatch 0's come with its first forward)."""
-        proximal = {}
-        with torch.no_grad():
-            for m, (part, _) in enumerate(parts[1:], start=1):
-                chunk = samples[part]
-                logprobs = shared_prefix_logprobs(
-                    self.trainer.module, [s["prompt"] for s in chunk], [s["ids"] for s in chunk],
-                    self.tokenizer.pad_id, self.device,
-                )  # fmt: skip
-                proximal[m], _ = pad_right(logprobs, self.config.grpo.max_new_tokens)
-        return proximal
 
     def _supervised_steps(self, step: int) -> dict[str, float]:
         """The supervised control: as many optimizer steps as an RL update takes, on the warm

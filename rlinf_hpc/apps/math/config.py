@@ -155,10 +155,11 @@ class GRPOConfig(_Section):
     )
     decoupled_loss: bool = Field(
         True,
-        description="Off-policy (`off_policy_steps = 1`): clip each update around the weights it "
-        "starts from (the proximal policy: one extra no-grad forward of the samples) and weight "
-        "each token by proximal / behaviour probability — the decoupled PPO objective (AReaL). "
-        "`false`: clip around the behaviour policy's log-probs. On-policy the two are the same policy.",
+        description="Off-policy (`off_policy_steps = 1`): the decoupled PPO objective (AReaL): "
+        "each minibatch's clip is taken around its log-probs at its first forward in the update "
+        "(the proximal policy; no extra forward) and each token is weighted by proximal / "
+        "behaviour probability. `false`: clip around the behaviour policy's log-probs. "
+        "On-policy the behaviour policy is the one the update starts from: no effect.",
     )
     behaviour_weight_cap: float = Field(
         5.0,
