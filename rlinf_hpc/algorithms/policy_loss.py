@@ -15,15 +15,18 @@ aggregated with `agg_loss`. Metrics, as veRL defines them (means over the masked
 ``ppo_kl`` — ``mean(logp_old - logp)``, the sampled KL(old || new).
 
 **Decoupled objective** (off-policy samples; Hilton et al. 2021, "Batch size-invariance for
-policy optimization", as AReaL trains asynchronously): with ``proximal_log_prob`` given — the
-policy the update started from, while ``old_log_prob`` is the *behaviour* policy that sampled
-the tokens, some updates older — the trust region is taken around the proximal policy
-(``rho = pi / pi_prox``) and each token's loss is weighted by the detached importance weight
-``w = pi_prox / pi_behav``; tokens whose ``w`` exceeds ``behaviour_weight_cap`` are dropped
-(weight 0; they still count in the aggregation's denominator). Clipping against the behaviour
-policy instead (the plain objective on stale samples) starts the update with ratios already
-away from 1, so part of the batch is clipped before it has moved. Extra metrics:
-``behaviour_weight`` (mean ``w`` over the kept tokens) and ``behaviour_capped`` (share dropped).
+policy optimization", as AReaL trains asynchronously): with ``proximal_log_prob`` given — a
+recent policy (the weights the update started from, or those a minibatch met at its first
+forward in it), while ``old_log_prob`` is the *behaviour* policy that sampled the tokens, some
+updates older — the trust region is taken around the proximal policy (``rho = pi / pi_prox``)
+and each token's loss is weighted by the detached importance weight ``w = pi_prox /
+pi_behav``; tokens whose ``w`` exceeds ``behaviour_weight_cap`` are dropped (weight 0; they
+still count in the aggregation's denominator). Any proximal policy keeps the estimate
+importance-corrected as long as ``w`` uses the same one; only the trust region's centre moves.
+Clipping against the behaviour policy instead (the plain objective on stale samples) starts
+the update with ratios already away from 1. ``ppo_kl`` is then taken from the proximal policy;
+extra metrics ``behaviour_weight`` (mean ``w`` over the kept tokens) and ``behaviour_capped``
+(share dropped).
 
 >>> loss, m = ppo_policy_loss(torch.tensor([[-0.5]]), torch.tensor([[0.0]]), torch.tensor([[1.0]]),
 ...                           torch.ones(1, 1), 0.2, 0.2)
