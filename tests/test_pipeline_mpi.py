@@ -138,7 +138,9 @@ def test_memory_pressure_never_grows_a_micro_batch_past_the_device_memory_bound(
         '[components.producer]\nworker = "rlinf_hpc.apps.toy.workers:ToyStage"\n'
         'options = { operation = "affine" }\n'
         '[components.consumer]\nworker = "rlinf_hpc.apps.toy.workers:ToyStage"\n'
-        f'options = {{ operation = "negate", memory_fraction = 0.95, {device} }}\n'
+        # a slower consumer than producer: its micro-batches are full (items wait for it), so
+        # their sizes are the controller's, not how many items happened to have arrived
+        f'options = {{ operation = "negate", memory_fraction = 0.95, seconds_per_item = 1e-3, {device} }}\n'
         "[pipeline]\nmicro_batch = 8\nmin_micro_batch = 8\nmax_micro_batch = 32\n"
         '[flow]\nrunner = "toy_pipeline"\noptions = { steps = 3, num_items = 200 }\n',
     )
