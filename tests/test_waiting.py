@@ -5,9 +5,12 @@ from __future__ import annotations
 import time
 
 import pytest
+from test_cli import assert_user_error
 
 from rlinf_hpc.comm import Backoff, poll_until
 from rlinf_hpc.errors import CommTimeoutError
+
+from conftest import BIN, CONFIGS, job_env, rlinf, run_command
 
 
 def test_backoff_doubles_to_cap_then_rises_to_idle_cap_after_idle_time() -> None:
@@ -94,3 +97,30 @@ def test_group_object_collectives_do_not_busy_poll_for_late_members() -> None:
     for group in (solo, pair):
         group._comm = type("Freed", (), {"Free": lambda self: None})()  # noqa: SLF001
         group.free()
+
+
+def test_a_rank_sleeps_with_a_one_microsecond_timer_slack_and_its_threads_too() -> None:
+    """Joining MPI sets the timer slack (the kernel's 50 us default made a 20 us sleep between
+    polls take 75 us); threads started later inherit it; RLINF_HPC_TIMER_SLACK_NS overrides."""
+    script = (
+        "import ctypes, threading\n"
+        "from rlinf_hpc.comm.mpi import mpi\n"
+        "mpi()\n"
+        "seen = []\n"
+        "thread = threading.Thread(target=lambda: seen.append(ctypes.CDLL(None).prctl(30, 0, 0, 0, 0)))\n"
+        "thread.start(); thread.join()\n"
+        "print(open('/proc/self/timerslack_ns').read().strip(), seen[0])\n"
+    )
+    result = run_command([str(BIN / "python"), "-c", script], timeout=60, env=job_env())
+    assert result.returncode == 0, result.output
+    assert result.stdout.split() == ["1000", "1000"]
+    result = run_command(
+        [str(BIN / "python"), "-c", script], timeout=60, env=job_env({"RLINF_HPC_TIMER_SLACK_NS": "50000"})
+    )
+    assert result.stdout.split() == ["50000", "50000"], result.output
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-5", "1.5"])
+def test_a_bad_timer_slack_is_refused_before_launch(value: str) -> None:
+    result = rlinf("run", str(CONFIGS / "hello.toml"), env=job_env({"RLINF_HPC_TIMER_SLACK_NS": value}))
+    assert_user_error(result, f"RLINF_HPC_TIMER_SLACK_NS={value!r} is not a positive whole number", "50000")

@@ -14,6 +14,7 @@ from typing import NoReturn
 
 from rlinf_hpc.cluster import JobEnvironment
 from rlinf_hpc.comm.mpi import LAUNCHED_MARK as _LAUNCHED_MARK
+from rlinf_hpc.comm.waiting import timer_slack_ns
 from rlinf_hpc.errors import UserError
 from rlinf_hpc.log import get_logger
 
@@ -60,6 +61,7 @@ def exec_under_mpiexec(
             "environment (no PMI_RANK/OMPI_* variables): the mpiexec found does not match the "
             "MPI library mpi4py uses. Reinstall with `pip install 'rlinf_hpc[mpich]'`."
         )
+    timer_slack_ns(os.environ)  # a bad value is refused here, once, not by every rank
     mpiexec = find_mpiexec()
     command = [mpiexec, "-n", str(num_ranks), sys.executable, *python_args]
     where = f" inside SLURM job {environment.slurm_job_id}" if environment.in_slurm_allocation else ""

@@ -37,6 +37,10 @@ def mpi() -> Any:
     """The ``mpi4py.MPI`` module (initialises MPI on first use)."""
     import mpi4py
 
+    from rlinf_hpc.comm.waiting import precise_sleeps, timer_slack_ns
+
+    # Before MPI and any thread starts (threads inherit it): every wait here sleeps between polls.
+    precise_sleeps(timer_slack_ns(os.environ))
     default_transports()
 
     # We finalize explicitly after the last message; errors return as exceptions.
