@@ -321,6 +321,28 @@ def test_a_profile_file_changes_a_built_in_one_or_defines_its_own_stages(tmp_pat
         str(_profile_file(tmp_path, own.read_text().replace('sync_to = ["gen"]\n', ""), "d.toml"))
     ).sync_to == ("gen",)  # the default: device stages before the trainer
     assert profile.max_micro_batch("gen") == micro_batch_bound(80e9, 10e9, 0.1e9)
+    assert PROFILE.train_stages == ("actor",) and profile.train_stages == ("train",)
+    critic = get_profile(str(_profile_file(tmp_path, _CRITIC, "critic.toml")))
+    assert critic.train_stages == ("actor", "critic") and critic.sync_to == ("rollout", "inference")
+    named = tmp_path / "named.toml"
+    named.write_text('trainers = ["critic"]\n' + _CRITIC)
+    assert get_profile(str(named)).train_stages == ("critic",)
+    # a profile of its own without sync_to: the device stages before the trainers get the weights
+    own_critic = _profile_file(
+        tmp_path,
+        'samples_per_step = 8\n[stages.gen]\nkind = "generate"\n[stages.score]\nkind = "per_sample"\n'
+        'on_device = false\n[stages.actor]\nkind = "per_token"\nfinish_s = 1.0\n'
+        '[stages.critic]\nkind = "per_token"\nfinish_s = 0.5\n',
+        "own_critic.toml",
+    )
+    assert get_profile(str(own_critic)).sync_to == ("gen",)
+
+
+#: The 7B step with a PPO critic after the actor (both train: both have an optimizer step).
+_CRITIC = (
+    'base = "grpo-7b"\n[stages.critic]\nkind = "per_token"\nseconds_per_token = 2e-4\n'
+    "finish_s = 0.5\nstate_gb = 10\n"
+)
 
 
 @pytest.mark.parametrize(
@@ -338,6 +360,8 @@ def test_a_profile_file_changes_a_built_in_one_or_defines_its_own_stages(tmp_pat
         ('base = "grpo-7b"\n[stages.actor]\nfinish_per_sample = -1\n', "finish_per_sample must be a number"),
         ('base = "grpo-7b"\ndecode_step_s = 0\n', "decode_step_s must be a number > 0"),
         ('base = "grpo-7b"\nsync_to = ["rolout"]\n', "sync_to names 'rolout', which is not a stage"),
+        ('base = "grpo-7b"\ntrainers = ["actr"]\n', "trainers names 'actr', which is not a stage"),
+        ('base = "grpo-7b"\ntrainers = ["inference"]\n', "must be the step's last stages, in order"),
         ('base = "grpo-7b"\n[stages.actor]\nstate_gb = 90\n', "does not fit the device"),
         ('base = "grpo-9b"\n', "base = 'grpo-9b' is not a built-in profile"),
         ("samples_per_step = 8\n", "no stages"),
@@ -382,3 +406,38 @@ def test_a_job_runs_a_profile_of_ones_own_and_a_bad_one_stops_before_any_rank_st
     bad = rlinf("run", str(config), "--run-dir", str(tmp_path / "bad"), timeout=60)
     assert bad.returncode == 2 and "slots must be a whole number >= 1, got 0" in bad.output, bad.output
     assert "Traceback" not in bad.output
+
+
+def test_off_policy_trains_a_critic_after_the_actor_beside_generation_and_syncs_the_actors_weights(
+    tmp_path: Path,
+) -> None:
+    """A profile whose critic follows the actor: both are the training pipeline off-policy (the
+    actor was left in the generation pipeline when the trainer was taken to be the last stage),
+    and the policy weights come from the actor, not the critic."""
+    profile = _profile_file(tmp_path, _CRITIC, "critic.toml")
+    worker = 'worker = "rlinf_hpc.apps.emulated.workers:EmulatedStage"\n'
+    components = (
+        "".join(f"[components.{name}]\n{worker}" for name in PROFILE.stages)
+        + f"[components.critic]\n{worker}"
+    )
+    config = tmp_path / "job.toml"
+    config.write_text(
+        '[job]\nname = "critic"\nnum_ranks = 6\n' + components + '[placement]\nmode = "disaggregated"\n'
+        f'[emulation]\nprofile = "{profile}"\nsteps = 3\ntime_scale = 0.005\nsamples_per_step = 64\n'
+        'off_policy_steps = 1\n[flow]\nrunner = "emulated_rl"\n'
+    )
+    run = tmp_path / "run"
+    result = rlinf("run", str(config), "--run-dir", str(run), timeout=240)
+    assert result.returncode == 0, result.output
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["policy_lag"] for r in records] == [0, 1, 1]
+    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    pipelines = {
+        e["pipeline"]: [s["component"] for s in e["stages"]] for e in events if e["event"] == "pipeline_step"
+    }
+    assert pipelines == {
+        "emulated_gen": ["rollout", "reward", "inference"],
+        "emulated_train": ["actor", "critic"],
+    }
+    spans = {json.loads(line)["name"] for line in (run / "timeline.jsonl").read_text().splitlines()}
+    assert "actor.send_weights" in spans and "critic.send_weights" not in spans, sorted(spans)

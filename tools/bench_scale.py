@@ -160,11 +160,12 @@ def hybrid_pair(profile: Profile) -> tuple[str, str]:
 
 
 def generation_group(profile: Profile) -> tuple[str, ...]:
-    """The stages the stale modes put on shared ranks: every stage before the trainer (the
-    last), so that a CPU stage between them (the reward) runs on the generation ranks instead
-    of holding a device of its own; with only one stage before the trainer, `hybrid_pair`."""
-    stages = list(profile.stages)
-    return tuple(stages[:-1]) if len(stages) > 2 else hybrid_pair(profile)
+    """The stages the stale modes put on shared ranks: every stage before the trainers (the
+    profile's ``train_stages``), so that a CPU stage between them (the reward) runs on the
+    generation ranks instead of holding a device of its own; with only one stage before the
+    trainers, `hybrid_pair`."""
+    before = list(profile.stages)[: -len(profile.train_stages)]
+    return tuple(before) if len(before) > 1 else hybrid_pair(profile)
 
 
 def mode_settings(mode: str, profile: Profile, workers: int, samples: int, micro_batch: int) -> list[str]:
@@ -284,8 +285,10 @@ def run_mode(config: Path, out: Path, mode: str, ranks: int, sets: list[str]) ->
         "predicted_step_s": sum(predicted) / len(predicted) if predicted else None,
         "tokens_per_s": mean("tokens_per_s"),
         "on_policy_floor_s": mean("on_policy_floor_s"),
-        "placement": records[-1]["placement"],
-        "micro_batch": records[-1]["micro_batch"],
+        # of the steps measured: off-policy's last step only trains (its micro-batches are the
+        # trainer's alone), and auto may move after them
+        "placement": measured[-1]["placement"],
+        "micro_batch": measured[-1]["micro_batch"],
         # staleness: the most updates between a trained token's generation and its update
         "policy_lag": max(r.get("policy_lag", 0) for r in records),
         "carried_fraction": sum(

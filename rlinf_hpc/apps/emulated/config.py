@@ -26,8 +26,9 @@ class EmulationConfig(Section):
         0,
         ge=0,
         le=1,
-        description="`1`: the last stage (the actor) trains on step t's samples while the other "
-        "stages already produce step t+1's (one-step off-policy); `0`: on-policy.",
+        description="`1`: the training stages (the profile's trainers: the actor, and a critic after "
+        "it if the profile has one) train on step t's samples while the other stages already produce "
+        "step t+1's (one-step off-policy); `0`: on-policy.",
     )
     continuous_generation: bool = Field(
         True,

@@ -12,8 +12,9 @@ model's prediction** of this placement's step time (`scheduler.cost_model.placem
 the previous step's measurements, the same profiles ``auto`` builds: per-item seconds of each
 stage's slowest rank, switches, finishes, an engine's time to first output, each stage's mean
 micro-batch) next to the measured one. The response lengths are a function of (job seed, step),
-the same in every mode. With ``emulation.off_policy_steps = 1`` the actor's stage is a pipeline
-of its own, fed step t's samples while the others produce step t+1's (as `apps.math.flow` does
+the same in every mode. With ``emulation.off_policy_steps = 1`` the training stages (the profile's
+``train_stages``: the actor, and a critic after it if the profile has one) are a pipeline of
+their own, fed step t's samples while the others produce step t+1's (as `apps.math.flow` does
 for GRPO). With ``emulation.partial_rollouts`` the rollout engines carry their last responses
 into the next step (`EmulatedStage.engine`); a step then trains on about as many samples as it
 generates, some of them begun the step before (``partial_carried``; ``policy_lag`` counts
@@ -42,10 +43,10 @@ log = get_logger("emulated")
 
 
 def sync_weights(coordinator: Coordinator, profile: Profile) -> float:
-    """The trainer's (the last stage's) rank 0 -> every rank of the profile's ``sync_to``
-    stages, bandwidth-scaled."""
+    """The policy trainer's (the first of the profile's ``train_stages``) rank 0 -> every rank of
+    the profile's ``sync_to`` stages, bandwidth-scaled."""
     started = time.monotonic()
-    push = coordinator.group(list(profile.stages)[-1]).subset([0]).call("send_weights")
+    push = coordinator.group(profile.train_stages[0]).subset([0]).call("send_weights")
     pulls = [coordinator.group(name).call("receive_weights") for name in profile.sync_to]
     push.result()
     for pull in pulls:
@@ -76,9 +77,9 @@ def emulated_rl_flow(coordinator: Coordinator) -> dict[str, Any]:
         "step, time scale %g, %d worker ranks", profile.description, samples, emulation.time_scale, workers,
     )  # fmt: skip
     off_policy = bool(emulation.off_policy_steps)
-    stages = list(profile.stages)
+    stages, trainers = list(profile.stages), list(profile.train_stages)
     parts = (
-        [("emulated_gen", stages[:-1]), ("emulated_train", stages[-1:])]
+        [("emulated_gen", stages[: -len(trainers)]), ("emulated_train", trainers)]
         if off_policy
         else [("emulated", stages)]
     )

@@ -17,6 +17,11 @@ a tail three times as long and a slower interconnect::
     [stages.actor]
     seconds_per_token = 8e-4
 
+The stages that train are the trailing ones with an optimizer step (a ``finish_s`` or
+``finish_per_sample``; a critic after the actor, say), else the last; ``trainers = ["actor",
+"critic"]`` names them. The first of them sends its weights to ``sync_to`` (default: the stages
+before the trainers that run on a device); off-policy they are the training pipeline.
+
 Everything is checked when the config is read (unknown keys with the nearest valid one, types,
 ranges, ``sync_to`` naming stages), so a mistake stops the job before any rank starts.
 """
@@ -106,10 +111,11 @@ def load_profile(path: Path) -> Profile:
         values.setdefault("description", f"custom profile ({path.name}; emulated)")
         if "samples_per_step" not in values:
             raise ProfileError(f"{where}: samples_per_step is required (responses or transitions per step)")
-        # the trainer (the last stage) sends its weights to the other stages on a device
-        names = list(stages)
-        values.setdefault("sync_to", tuple(n for n in names[:-1] if stages[n].on_device))
+        # the policy trainer sends its weights to the stages before the trainers on a device
         profile = Profile(**values)
+        if "sync_to" not in values:
+            before = list(stages)[: -len(profile.train_stages)]
+            profile = dataclasses.replace(profile, sync_to=tuple(n for n in before if stages[n].on_device))
     else:
         values.setdefault("name", path.stem)
         values.setdefault("description", f"{base.description}, changed by {path.name}")
@@ -172,6 +178,17 @@ def _checked(where: str, key: str, field: dataclasses.Field[Any], value: Any) ->
 
 
 def _consistent(where: str, profile: Profile) -> None:
+    names = list(profile.stages)
+    for name in profile.trainers:
+        if name not in profile.stages:
+            raise ProfileError(f"{where}: trainers names '{name}', which is not a stage ({', '.join(names)})")
+    if profile.trainers and (
+        len(profile.trainers) >= len(names) or list(profile.trainers) != names[-len(profile.trainers) :]
+    ):
+        raise ProfileError(
+            f"{where}: trainers = {list(profile.trainers)} must be the step's last stages, in order, "
+            f"with at least one stage before them (the stages are {names})"
+        )
     for name in profile.sync_to:
         if name not in profile.stages:
             raise ProfileError(

@@ -79,7 +79,30 @@ class Profile:
     device_gb: float = 80.0
     #: Which stages' ranks receive the actor's weights after each step.
     sync_to: tuple[str, ...] = ("rollout", "inference")
+    #: The stages that update weights on the step's samples — the step's last stages, in order;
+    #: the first is the policy whose weights go to ``sync_to``. Off-policy they are the training
+    #: pipeline. Empty: the trailing stages with an optimizer step (a finish), else the last.
+    trainers: tuple[str, ...] = ()
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def train_stages(self) -> tuple[str, ...]:
+        """The stages that train (``trainers``, or the trailing ones with a finish, else the
+        last stage).
+
+        >>> PROFILES["grpo-7b"].train_stages, PROFILES["embodied"].train_stages
+        (('actor',), ('actor',))
+        """
+        if self.trainers:
+            return tuple(self.trainers)
+        names = list(self.stages)
+        trailing: list[str] = []
+        for name in reversed(names):
+            cost = self.stages[name]
+            if cost.finish_s <= 0 and cost.finish_per_sample <= 0:
+                break
+            trailing.insert(0, name)
+        return tuple(trailing) or (names[-1],)
 
     @property
     def sync_s(self) -> float:
@@ -125,27 +148,26 @@ class Profile:
         devices, whatever the placement and however many ranks (seconds at the seed's scale):
         the step's longest response decoded alone on an engine (each decode step at least
         ``alpha + (1 - alpha) / slots`` of a full one), then that response through every later
-        stage (a micro-batch of it alone), the trainer's optimizer step (the last stage's
-        ``finish_s``) and the weight sync the next step's generation waits for. A step whose
-        work spread over its ranks takes longer is bound by that instead (the benchmark's
-        ``ceiling``); this is the bound no rank count lifts.
+        stage (a micro-batch of it alone), each trainer's optimizer step after its part of it
+        (its ``finish_s``; the latest to end counts) and the weight sync the next step's
+        generation waits for. A step whose work spread over its ranks takes longer is bound by
+        that instead (the benchmark's ``ceiling``); this is the bound no rank count lifts.
 
         >>> profile = PROFILES["grpo-7b"]
         >>> round(profile.on_policy_floor_s([500, 2000]), 1)  # 81.9 + 0.02 + 0.4 + 1.2 + 2 + 0.56
         86.1
         """
         longest = max(lengths)
-        stages = list(self.stages)
-        total = 0.0
-        for name in stages:
-            cost = self.stages[name]
+        total = ended = 0.0
+        for name, cost in self.stages.items():
             if cost.kind == "generate":
                 per_step = self.alpha + (1 - self.alpha) / self.slots
                 total += self.decode_step_s * per_step * longest + cost.seconds_per_call
             else:
                 total += self.stage_seconds(name, [longest])
-        last = self.stages[stages[-1]]
-        return total + last.finish_s + last.finish_per_sample + self.sync_s
+            # a stage's optimizer step follows its last micro-batch (later stages' go on beside it)
+            ended = max(ended, total + cost.finish_s + cost.finish_per_sample)
+        return ended + self.sync_s
 
     def max_micro_batch(self, component: str) -> int | None:
         """The seed's rule for the largest micro-batch: 0.3 x (device - state) / per sample."""
