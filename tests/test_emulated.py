@@ -324,6 +324,7 @@ def test_a_profile_file_changes_a_built_in_one_or_defines_its_own_stages(tmp_pat
     assert PROFILE.train_stages == ("actor",) and profile.train_stages == ("train",)
     critic = get_profile(str(_profile_file(tmp_path, _CRITIC, "critic.toml")))
     assert critic.train_stages == ("actor", "critic") and critic.sync_to == ("rollout", "inference")
+    assert get_profile(str(CONFIGS / "profiles" / "ppo-rm-critic.toml")).train_stages == ("actor", "critic")
     named = tmp_path / "named.toml"
     named.write_text('trainers = ["critic"]\n' + _CRITIC)
     assert get_profile(str(named)).train_stages == ("critic",)
