@@ -337,6 +337,9 @@ def test_a_profile_file_changes_a_built_in_one_or_defines_its_own_stages(tmp_pat
         "own_critic.toml",
     )
     assert get_profile(str(own_critic)).sync_to == ("gen",)
+    every = own_critic.read_text().replace('kind = "generate"\n', 'kind = "generate"\nfinish_s = 0.1\n')
+    own_critic.write_text(every.replace("on_device = false\n", "on_device = false\nfinish_s = 0.1\n"))
+    assert get_profile(str(own_critic)).train_stages == ("score", "actor", "critic")  # not the generator
 
 
 #: The 7B step with a PPO critic after the actor (both train: both have an optimizer step).

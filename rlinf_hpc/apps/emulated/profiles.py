@@ -87,8 +87,8 @@ class Profile:
 
     @property
     def train_stages(self) -> tuple[str, ...]:
-        """The stages that train (``trainers``, or the trailing ones with a finish, else the
-        last stage).
+        """The stages that train (``trainers``, or the trailing ones with a finish — never the
+        first stage — else the last stage).
 
         >>> PROFILES["grpo-7b"].train_stages, PROFILES["embodied"].train_stages
         (('actor',), ('actor',))
@@ -97,7 +97,7 @@ class Profile:
             return tuple(self.trainers)
         names = list(self.stages)
         trailing: list[str] = []
-        for name in reversed(names):
+        for name in reversed(names[1:]):  # the first stage generates, whatever its finish
             cost = self.stages[name]
             if cost.finish_s <= 0 and cost.finish_per_sample <= 0:
                 break
