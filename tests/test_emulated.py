@@ -381,6 +381,21 @@ def test_a_bad_profile_file_is_named_with_what_is_wrong(tmp_path: Path, text: st
     assert message in str(error.value) and str(path) in str(error.value)
 
 
+def _job_config(tmp_path: Path, name: str, profile: Path, stages: list[str], emulation: str = "") -> Path:
+    """A 3-step disaggregated emulated job on ``profile``: one rank per stage, components named
+    after the stages; ``emulation``: more lines of its [emulation] table."""
+    worker = 'worker = "rlinf_hpc.apps.emulated.workers:EmulatedStage"\n'
+    config = tmp_path / "job.toml"
+    config.write_text(
+        f'[job]\nname = "{name}"\nnum_ranks = {len(stages) + 1}\n'
+        + "".join(f"[components.{stage}]\n{worker}" for stage in stages)
+        + '[placement]\nmode = "disaggregated"\n'
+        f'[emulation]\nprofile = "{profile}"\nsteps = 3\ntime_scale = 0.005\n{emulation}'
+        '[flow]\nrunner = "emulated_rl"\n'
+    )
+    return config
+
+
 def test_a_job_runs_a_profile_of_ones_own_and_a_bad_one_stops_before_any_rank_starts(tmp_path: Path) -> None:
     """A two-stage profile whose stages are not the built-ins' names (the trainer is the last
     stage, whatever its name); the config names its components after it."""
@@ -391,15 +406,7 @@ def test_a_job_runs_a_profile_of_ones_own_and_a_bad_one_stops_before_any_rank_st
         '[stages.train]\nkind = "per_token"\nseconds_per_token = 1e-4\nfinish_s = 0.5\nstate_gb = 20\n',
         "own.toml",
     )
-    worker = 'worker = "rlinf_hpc.apps.emulated.workers:EmulatedStage"\n'
-    config = tmp_path / "job.toml"
-    config.write_text(
-        '[job]\nname = "own"\nnum_ranks = 3\n'
-        f"[components.gen]\n{worker}[components.train]\n{worker}"
-        '[placement]\nmode = "disaggregated"\n'
-        f'[emulation]\nprofile = "{own}"\nsteps = 3\ntime_scale = 0.005\n'
-        '[flow]\nrunner = "emulated_rl"\n'
-    )
+    config = _job_config(tmp_path, "own", own, ["gen", "train"])
     run = tmp_path / "run"
     result = rlinf("run", str(config), "--run-dir", str(run), timeout=240)
     assert result.returncode == 0, result.output
@@ -419,17 +426,8 @@ def test_off_policy_trains_a_critic_after_the_actor_beside_generation_and_syncs_
     actor was left in the generation pipeline when the trainer was taken to be the last stage),
     and the policy weights come from the actor, not the critic."""
     profile = _profile_file(tmp_path, _CRITIC, "critic.toml")
-    worker = 'worker = "rlinf_hpc.apps.emulated.workers:EmulatedStage"\n'
-    components = (
-        "".join(f"[components.{name}]\n{worker}" for name in PROFILE.stages)
-        + f"[components.critic]\n{worker}"
-    )
-    config = tmp_path / "job.toml"
-    config.write_text(
-        '[job]\nname = "critic"\nnum_ranks = 6\n' + components + '[placement]\nmode = "disaggregated"\n'
-        f'[emulation]\nprofile = "{profile}"\nsteps = 3\ntime_scale = 0.005\nsamples_per_step = 64\n'
-        'off_policy_steps = 1\n[flow]\nrunner = "emulated_rl"\n'
-    )
+    stages = [*PROFILE.stages, "critic"]
+    config = _job_config(tmp_path, "critic", profile, stages, "samples_per_step = 64\noff_policy_steps = 1\n")
     run = tmp_path / "run"
     result = rlinf("run", str(config), "--run-dir", str(run), timeout=240)
     assert result.returncode == 0, result.output

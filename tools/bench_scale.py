@@ -164,8 +164,8 @@ def generation_group(profile: Profile) -> tuple[str, ...]:
     profile's ``train_stages``), so that a CPU stage between them (the reward) runs on the
     generation ranks instead of holding a device of its own; with only one stage before the
     trainers, `hybrid_pair`."""
-    before = list(profile.stages)[: -len(profile.train_stages)]
-    return tuple(before) if len(before) > 1 else hybrid_pair(profile)
+    before = profile.generation_stages
+    return before if len(before) > 1 else hybrid_pair(profile)
 
 
 def mode_settings(mode: str, profile: Profile, workers: int, samples: int, micro_batch: int) -> list[str]:

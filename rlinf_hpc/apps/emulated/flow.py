@@ -77,11 +77,10 @@ def emulated_rl_flow(coordinator: Coordinator) -> dict[str, Any]:
         "step, time scale %g, %d worker ranks", profile.description, samples, emulation.time_scale, workers,
     )  # fmt: skip
     off_policy = bool(emulation.off_policy_steps)
-    stages, trainers = list(profile.stages), list(profile.train_stages)
     parts = (
-        [("emulated_gen", stages[: -len(trainers)]), ("emulated_train", trainers)]
+        [("emulated_gen", list(profile.generation_stages)), ("emulated_train", list(profile.train_stages))]
         if off_policy
-        else [("emulated", stages)]
+        else [("emulated", list(profile.stages))]
     )
     pipes = []
     for name, components in parts:

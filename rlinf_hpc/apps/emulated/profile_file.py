@@ -114,7 +114,7 @@ def load_profile(path: Path) -> Profile:
         # the policy trainer sends its weights to the stages before the trainers on a device
         profile = Profile(**values)
         if "sync_to" not in values:
-            before = list(stages)[: -len(profile.train_stages)]
+            before = profile.generation_stages
             profile = dataclasses.replace(profile, sync_to=tuple(n for n in before if stages[n].on_device))
     else:
         values.setdefault("name", path.stem)

@@ -105,6 +105,15 @@ class Profile:
         return tuple(trailing) or (names[-1],)
 
     @property
+    def generation_stages(self) -> tuple[str, ...]:
+        """The stages before the trainers (off-policy: the generation pipeline).
+
+        >>> PROFILES["grpo-7b"].generation_stages
+        ('rollout', 'reward', 'inference')
+        """
+        return tuple(self.stages)[: -len(self.train_stages)]
+
+    @property
     def sync_s(self) -> float:
         return self.weights_gb / self.bandwidth_gbps
 
