@@ -64,15 +64,19 @@ def watch(run_dir: Path, run_id: str, pids: dict[int, int]) -> None:
         fds[fd] = rank
         poller.register(fd, select.POLLIN)
     (run_dir / HEARTBEATS / READY).write_text(json.dumps({"pid": os.getpid(), "ranks": sorted(fds.values())}))
-    first = [rank for rank in gone if not _left(run_dir, rank)]
+    first = sorted(rank for rank in gone if not _left(run_dir, rank))
+    seen_first = list(first)
     while fds and not first:
         # exits seen in one wake-up cannot be ordered: all of them are named as candidates
+        woke = []
         for fd, _ in poller.poll(1000):
             rank = fds.pop(fd)
             poller.unregister(fd)
             os.close(fd)
             if not _left(run_dir, rank):
-                first.append(rank)
+                woke.append(rank)
+        first = sorted(woke)  # the first wake-up's exits lead, in rank order among themselves
+        seen_first = list(first)
         if first:  # a killed process whose threads are still being torn down is a zombie
             # already but not yet reported by its pidfd: a rank that saw it dead and exited at
             # once was seen first (a worker named for a killed rank 0, in CI under load)
@@ -87,8 +91,8 @@ def watch(run_dir: Path, run_id: str, pids: dict[int, int]) -> None:
                 os.close(fd)
                 if rank not in first and not _left(run_dir, rank):
                     first.append(rank)
-    if first:
-        _report(run_dir, run_id, sorted(first), pids)
+    if first:  # in the order seen: the launcher ends the others only after the first exit
+        _report(run_dir, run_id, first, pids, seen_first)
     for fd in fds:  # the job ends with the culprit named: stop watching the rest
         os.close(fd)
 
@@ -115,9 +119,15 @@ def _left(run_dir: Path, rank: int) -> bool:
     return bool((read_heartbeat(run_dir / HEARTBEATS / f"rank-{rank}.json") or {}).get("left"))
 
 
-def _report(run_dir: Path, run_id: str, ranks: list[int], pids: dict[int, int]) -> None:
-    """Name ``ranks[0]`` as the rank that died; the others exited in the same wake-up, so any
-    of them may have been first: they are named with it (never a wrong culprit with certainty)."""
+def _report(
+    run_dir: Path, run_id: str, ranks: list[int], pids: dict[int, int], seen_first: list[int]
+) -> None:
+    """Name ``ranks[0]`` as the rank that died; the others exited in the same moment, so any
+    of them may have been first: they are named with it (never a wrong culprit with certainty).
+    ``ranks`` is in the order seen (``seen_first``: the exits of the first wake-up): a rank's
+    pidfd is ready before its parent, the launcher, learns of the exit, so the launcher's kills
+    of the others come after it. (Sorting them put rank 0 first: a killed rank 2 was reported as
+    the coordinator having died, the worker only "in the same instant", in 3 of 3 runs.)"""
     time.sleep(2.0)  # the job may still name a culprit itself (a failure it saw, an abort)
     summary = read_heartbeat(run_dir / "summary.json") or {}
     if summary.get("run_id") != run_id or summary.get("culprit") or summary.get("outcome") != "running":
@@ -139,6 +149,7 @@ def _report(run_dir: Path, run_id: str, ranks: list[int], pids: dict[int, int]) 
     )
     sys.stderr.flush()
     culprit = {"rank": rank, "component": roles[rank], "host": host, "error": "died", "activity": doing[rank]}
+    culprit["seen_first"] = list(seen_first)
     if others:
         culprit["simultaneous"] = [{"rank": r, "component": roles[r]} for r in others]
     line = {"time": round(time.time(), 6), "rank": rank, "event": "rank_died", "culprit": culprit}
@@ -147,7 +158,9 @@ def _report(run_dir: Path, run_id: str, ranks: list[int], pids: dict[int, int]) 
         with (run_dir / "events.jsonl").open("a", encoding="utf-8") as events:
             events.write(json.dumps(line) + "\n")
         problem = {"rank": rank, "kind": "died", "record": {**records[rank], "roles": roles[rank]}}
-        record_culprit(run_dir, {**problem, "simultaneous": culprit.get("simultaneous")})
+        record_culprit(
+            run_dir, {**problem, "simultaneous": culprit.get("simultaneous"), "seen_first": list(seen_first)}
+        )
     except OSError:
         pass
 

@@ -213,6 +213,8 @@ def record_culprit(run_dir: Path, problem: dict[str, Any]) -> None:
     )  # fmt: skip
     if problem.get("simultaneous"):  # [{rank, component}] of exits seen together with this one
         summary["culprit"]["simultaneous"] = problem["simultaneous"]
+    if problem.get("seen_first") is not None:  # the death watch's first wake-up: [rank, ...]
+        summary["culprit"]["seen_first"] = problem["seen_first"]
     tmp = path.with_name(".summary.json.watchdog")
     tmp.write_text(json.dumps(summary, indent=2), encoding="utf-8")
     tmp.replace(path)
