@@ -148,8 +148,10 @@ def _report(
         f"Python){also}; the other ranks ended with it\n"
     )
     sys.stderr.flush()
-    culprit = {"rank": rank, "component": roles[rank], "host": host, "error": "died", "activity": doing[rank]}
-    culprit["seen_first"] = list(seen_first)
+    culprit = {
+        "rank": rank, "component": roles[rank], "host": host, "error": "died", "activity": doing[rank],
+        "seen_first": list(seen_first),
+    }  # fmt: skip
     if others:
         culprit["simultaneous"] = [{"rank": r, "component": roles[r]} for r in others]
     line = {"time": round(time.time(), 6), "rank": rank, "event": "rank_died", "culprit": culprit}
@@ -158,9 +160,8 @@ def _report(
         with (run_dir / "events.jsonl").open("a", encoding="utf-8") as events:
             events.write(json.dumps(line) + "\n")
         problem = {"rank": rank, "kind": "died", "record": {**records[rank], "roles": roles[rank]}}
-        record_culprit(
-            run_dir, {**problem, "simultaneous": culprit.get("simultaneous"), "seen_first": list(seen_first)}
-        )
+        named = {"simultaneous": culprit.get("simultaneous"), "seen_first": culprit["seen_first"]}
+        record_culprit(run_dir, {**problem, **named})
     except OSError:
         pass
 
