@@ -32,11 +32,24 @@ def _finish(proc: subprocess.Popen[str], within: float) -> str:
     return out
 
 
+def _segment_names(pids: list[int]) -> list[str]:
+    """The names in /dev/shm of the MPICH segments the job's ranks map. MPICH unlinks them in
+    MPI_Finalize only, so a killed or aborted job left them behind (2 per run of these tests)."""
+    mapped = set()
+    for pid in pids:
+        for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+            if "/dev/shm/mpich_shm_" in line:
+                mapped.add(line.split(maxsplit=5)[5])
+    assert mapped, "the ranks map no MPICH segment (not MPICH's shared memory any more?)"
+    return [name for name in mapped if not name.endswith("(deleted)")]
+
+
 def test_a_stopped_rank_is_named_with_every_stack_and_ends_the_job(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     proc = start_job([str(BIN / "rlinf-hpc"), "run", str(probe_toml(tmp_path, "signal_flow", extra=FAST)),
                       "--run-dir", str(run_dir)])  # fmt: skip
     pids, _ = wait_for_pids(proc)
+    assert _segment_names(pids) == []  # removed once every rank attached: nothing can leak
     victim = pids[2]  # beta's rank, idle
     stopped = time.monotonic()
     os.kill(victim, signal.SIGSTOP)
@@ -138,6 +151,7 @@ def test_a_killed_rank_is_named_not_just_a_pid(tmp_path: Path, victim: int, name
     proc = start_job([str(BIN / "rlinf-hpc"), "run", str(probe_toml(tmp_path, "signal_flow", extra=FAST)),
                       "--run-dir", str(run_dir)])  # fmt: skip
     pids, _ = wait_for_pids(proc)
+    assert _segment_names(pids) == []  # a killed rank leaves no shared memory in /dev/shm
     ready = run_dir / "heartbeats" / "deathwatch.json"
     deadline = time.monotonic() + 30
     while not ready.exists() and time.monotonic() < deadline:
@@ -285,3 +299,28 @@ def test_the_death_watch_counts_a_zombie_or_an_exiting_process_as_gone() -> None
     finally:
         child.wait()
     assert _exiting(child.pid)  # reaped: gone
+
+
+def test_mpich_segment_names_are_removed_once_attached_and_nothing_else() -> None:
+    """The names of MPICH segments this process maps go; an unlinked one, a file MPICH did not
+    name (a dataset copied to /dev/shm) and the memory itself stay."""
+    import mmap
+
+    from rlinf_hpc.comm.mpi import mapped_segments, unlink_attached_segments
+
+    segment = Path(f"/dev/shm/mpich_shm_rlinftest{os.getpid()}_0")
+    other = Path(f"/dev/shm/rlinftest_dataset_{os.getpid()}")
+    try:
+        for path in (segment, other):
+            path.write_bytes(b"\1" * 4096)
+        with segment.open("r+b") as f, mmap.mmap(f.fileno(), 4096) as shared, other.open("rb") as g, \
+                mmap.mmap(g.fileno(), 4096, prot=mmap.PROT_READ) as data:  # fmt: skip
+            maps = Path("/proc/self/maps").read_text()
+            assert mapped_segments(maps) and str(segment) in mapped_segments(maps)
+            assert str(segment) in unlink_attached_segments()
+            assert not segment.exists() and other.exists() and shared[0] == 1 and data[0] == 1
+            assert str(segment) not in mapped_segments(Path("/proc/self/maps").read_text())  # (deleted)
+            assert unlink_attached_segments(maps) == []  # already gone: nothing to do, no error
+    finally:
+        for path in (segment, other):
+            path.unlink(missing_ok=True)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import MutableMapping
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 # UCX packs every network interface it can use into the address each rank sends at MPI_Init,
@@ -47,7 +49,46 @@ def mpi() -> Any:
     mpi4py.rc.errors = "exception"
     from mpi4py import MPI
 
+    MPI.COMM_WORLD.Barrier()  # every rank is past MPI_Init: every local rank has attached
+    unlink_attached_segments()
     return MPI
+
+
+#: The names MPICH gives the intranode shared-memory segments it creates in MPI_Init.
+MPICH_SEGMENT = "/dev/shm/mpich_shm_"
+
+
+def unlink_attached_segments(maps: str | None = None) -> list[str]:
+    """Remove the names of the MPICH segments this process has mapped (not the memory).
+
+    MPICH unlinks them in ``MPI_Finalize`` only, so every job that ended otherwise (a killed
+    rank, an abort, the OOM killer) left one in /dev/shm — 2-5 MB of the node's RAM each, and
+    a later job whose segment name collided attached to a stale one. Once every local rank has
+    attached, the name is not needed any more (UCX removes its own segments' names the same
+    way): the memory stays until the last process unmaps it, whichever way it ends. Returns the
+    names removed here (another local rank may have been first)."""
+    if maps is None:
+        try:
+            maps = Path("/proc/self/maps").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return []
+    removed = []
+    for path in mapped_segments(maps):
+        with contextlib.suppress(FileNotFoundError, PermissionError):
+            os.unlink(path)
+            removed.append(path)
+    return removed
+
+
+def mapped_segments(maps: str) -> list[str]:
+    """The MPICH segments in a /proc/PID/maps text that still have a name in /dev/shm."""
+    found = []
+    for line in maps.splitlines():
+        fields = line.split(maxsplit=5)  # address perms offset device inode [path]
+        path = fields[5] if len(fields) == 6 else ""
+        if path.startswith(MPICH_SEGMENT) and not path.endswith("(deleted)") and path not in found:
+            found.append(path)
+    return found
 
 
 def world() -> Any:
