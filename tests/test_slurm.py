@@ -5,7 +5,10 @@ Skipped, with the reason, where no SLURM controller answers.
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -142,7 +145,8 @@ def test_interactive_helper_runs_srun_inside_salloc() -> None:
     assert "placement: 3 ranks" in result.stdout
 
 
-def test_scancel_ends_every_rank(tmp_path: Path) -> None:
+def _start_probe_job(tmp_path: Path) -> tuple[str, list[int], Path]:
+    """A 3-rank probe job under sbatch/srun, running: (job id, rank pids, job.out)."""
     config = tmp_path / "sig.toml"
     config.write_text(
         '[components.alpha]\nworker = "job_workers:ProbeWorker"\n'
@@ -157,6 +161,7 @@ def test_scancel_ends_every_rank(tmp_path: Path) -> None:
             "-n",
             "3",
             f"--output={out}",
+            f"--chdir={tmp_path}",  # the run directory under runs/ there
             str(REPO / "slurm/single_node.sbatch"),
             str(config),
         ],
@@ -170,13 +175,46 @@ def test_scancel_ends_every_rank(tmp_path: Path) -> None:
     text = out.read_text()
     assert "PIDS " in text, text
     pids = [int(p) for p in text.split("PIDS ", 1)[1].splitlines()[0].split()]
-    run_command(["scancel", job_id], timeout=30)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+    return job_id, pids, out
+
+
+def _gone_within(job_id: str, seconds: float) -> float:
+    """Seconds until the job left the queue; fails past ``seconds``."""
+    started = time.monotonic()
+    while time.monotonic() - started < seconds:
         queue = run_command(["squeue", "-h", "-j", job_id], timeout=30)
         if job_id not in queue.stdout:
-            break
+            return time.monotonic() - started
         time.sleep(0.3)
-    else:
-        pytest.fail(f"job {job_id} still queued 60 s after scancel")
+    pytest.fail(f"job {job_id} still queued {seconds} s on")
+
+
+def test_scancel_ends_every_rank(tmp_path: Path) -> None:
+    job_id, pids, out = _start_probe_job(tmp_path)
+    run_command(["scancel", job_id], timeout=30)
+    _gone_within(job_id, 60)
     assert not survivors(pids, grace=15.0), out.read_text()
+
+
+@pytest.mark.parametrize(("victim", "name"), [(2, "beta"), (0, "coordinator")])
+def test_a_rank_killed_under_srun_is_named_and_the_step_ends_within_seconds(
+    tmp_path: Path, victim: int, name: str
+) -> None:
+    """srun answers a task's death with SIGTERM to the others. The run was recorded as ended
+    by "SIGTERM" with no culprit, the death watch went with the step before naming anyone,
+    rank 0's MPI_Abort returned (srun does not end a step twice) and the ranks that left sat in
+    MPI_Finalize until KillWait's SIGKILL: 30 s."""
+    job_id, pids, out = _start_probe_job(tmp_path)
+    run_dir = next((tmp_path / "runs").iterdir())
+    deadline = time.monotonic() + 30
+    while not (run_dir / "heartbeats" / "deathwatch.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    os.kill(pids[victim], signal.SIGKILL)
+    took = _gone_within(job_id, 60)
+    assert took < 20, (took, out.read_text())  # the finalize bound (10 s) and SLURM's own steps
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["outcome"] == "rank died", (summary, out.read_text())
+    assert summary["culprit"]["rank"] == victim and summary["culprit"]["component"] == name, summary
+    ends = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    assert all(e["outcome"] == "rank died" for e in ends if e["event"] == "end"), ends
+    assert not survivors(pids, grace=5.0)

@@ -234,13 +234,22 @@ def _cmd_run(args: argparse.Namespace, argv: list[str]) -> int:
         RunDirectory(Path(args.run_dir)).check_free(environment.slurm_job_id)  # before any rank starts
         launch_ranks(num_ranks, environment, argv)
     from rlinf_hpc.cluster.allocation import run_deferred_requeue
+    from rlinf_hpc.comm import finalize
     from rlinf_hpc.runners.job import JobRequest, run_job
 
     code = run_job(
         JobRequest(args.config, tuple(args.overrides), args.run_dir, args.np, args.resume, args.force_resume)
     )
+    # after a failure or a signal the job is ending: do not wait long for ranks that are gone
+    finalize(within=FINALIZE_AFTER_FAILURE_S if code else FINALIZE_S)
     run_deferred_requeue()  # after a deadline save in SLURM: MPI is finalized first
     return code
+
+
+#: How long a rank waits in MPI_Finalize for the others: after a clean end (the coordinator may
+#: still be writing its records), and after a failure or a signal (`comm.finalize`).
+FINALIZE_S = 120.0
+FINALIZE_AFTER_FAILURE_S = 10.0
 
 
 def _cmd_submit(args: argparse.Namespace) -> int:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import os
+import sys
 from collections.abc import MutableMapping
 from functools import cache
 from pathlib import Path
@@ -130,11 +132,26 @@ def abort(exit_code: int, grace_s: float = 0.5) -> None:
             stream.flush()
     time.sleep(grace_s)
     world().Abort(exit_code)
+    # Under srun (PMI2) MPI_Abort only asks SLURM to end the step, and returns: a step that was
+    # ending already (srun's SIGTERM after a task died) is not ended again, so this rank went on
+    # running — into the SIGTERM's shutdown — until SLURM's KillWait (30 s) sent SIGKILL.
+    os._exit(exit_code)
 
 
-def finalize() -> None:
-    """Finalize MPI now (once every message is done), e.g. before this job requeues itself:
-    ranks that exit normally leave no shared-memory segments behind for the next run."""
+def finalize(within: float | None = None) -> None:
+    """Finalize MPI now (once every message is done), e.g. before this job requeues itself.
+
+    ``within``: MPI_Finalize waits for every rank of the job (a PMI barrier), so a rank that
+    left on a signal or a failure while another rank was dead waited there — in C, holding the
+    GIL, its signals unanswered — until the launcher's SIGKILL (srun's KillWait: 30 s). Past
+    ``within`` seconds this rank prints every thread's stack and exits with code 1: the timer
+    is faulthandler's, a C thread (a Python timer thread never got the GIL back)."""
     MPI = mpi()
-    if not MPI.Is_finalized():
-        MPI.Finalize()
+    if MPI.Is_finalized():
+        return
+    if within is not None:
+        sys.stderr.flush()
+        faulthandler.dump_traceback_later(within, exit=True, file=sys.stderr)
+    MPI.Finalize()  # if the stack below ends here: a rank of the job is gone or hung
+    if within is not None:
+        faulthandler.cancel_dump_traceback_later()

@@ -185,6 +185,8 @@ def _coordinate(
         return checkpoints.exit_code_after_stop(exc)
     except JobInterrupted as exc:
         outcome = exc.signal_name
+        if watchdog is not None:  # srun ends a step whose task died with SIGTERM to the rest:
+            watchdog.fail_if_dead(f"then this job received {exc.signal_name}")  # name it, at once
         log.warning("received %s: stopping every rank", exc.signal_name)
         coordinator.shutdown(exc.exit_code, exc.signal_name, timeout=5.0)
         return exc.exit_code
@@ -212,6 +214,11 @@ def _coordinate(
             watchdog.close()
         checkpoints.close()
         wall = round(time.monotonic() - started, 3)
+        # the watchdog or the death watch named a rank that died, and a signal or the failure
+        # it caused ended the run after it: keep that account (it was replaced by "SIGTERM")
+        recorded = directory.recorded_failure() if summary is None and culprit is None else None
+        if recorded:
+            outcome, culprit = recorded["outcome"], recorded["culprit"]
         events.write("end", outcome=outcome, wall_seconds=wall, culprit=culprit)
         events.close()
         if summary is None:  # it did not finish: say so, never leave an earlier run's summary

@@ -24,6 +24,7 @@ import contextlib
 import json
 import os
 import select
+import signal
 import socket
 import subprocess
 import sys
@@ -52,6 +53,10 @@ def start(run_dir: Path, run_id: str, pids: dict[int, int]) -> subprocess.Popen[
 def watch(run_dir: Path, run_id: str, pids: dict[int, int]) -> None:
     with contextlib.suppress(OSError):  # wake before the launcher ends the others (root may)
         os.setpriority(os.PRIO_PROCESS, 0, -10)
+    # srun ends a step whose task died with SIGTERM to every process of the step, this one
+    # included: it was gone before it could name the task (it ends by itself, see above)
+    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(signum, signal.SIG_IGN)
     poller = select.poll()
     fds: dict[int, int] = {}
     gone: list[int] = []
@@ -128,7 +133,8 @@ def _report(
     pidfd is ready before its parent, the launcher, learns of the exit, so the launcher's kills
     of the others come after it. (Sorting them put rank 0 first: a killed rank 2 was reported as
     the coordinator having died, the worker only "in the same instant", in 3 of 3 runs.)"""
-    time.sleep(2.0)  # the job may still name a culprit itself (a failure it saw, an abort)
+    if 0 not in ranks:  # the coordinator may still name a culprit itself (a failure it saw)
+        time.sleep(2.0)  # — not once it is gone: srun then ends the step (this helper with it)
     summary = read_heartbeat(run_dir / "summary.json") or {}
     if summary.get("run_id") != run_id or summary.get("culprit") or summary.get("outcome") != "running":
         return  # another run's directory now, or this run ended with its own account

@@ -97,6 +97,17 @@ class RunDirectory:
         self._lock.acquire(job_id, self.run_id)
         self.write_summary({"outcome": "running", "started": time.time()})
 
+    def recorded_failure(self) -> dict[str, Any] | None:
+        """This run's summary as the watchdog or the death watch left it when one of them
+        named a culprit (they write it from another thread or process); else None."""
+        try:
+            summary = json.loads((self.path / "summary.json").read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            return None
+        if summary.get("run_id") != self.run_id or not summary.get("culprit"):
+            return None
+        return summary
+
     def write_summary(self, summary: dict[str, Any]) -> None:
         record = {"run_id": self.run_id, **summary}
         tmp = self.path / "summary.json.tmp"

@@ -110,6 +110,21 @@ class Watchdog:
                 )  # fmt: skip
         return problems
 
+    def fail_if_dead(self, then: str) -> None:
+        """End the job now, naming them, if ranks of this node have died (``then``: what
+        happened next, for the message); returns if none has."""
+        dead = [p for p in self.check() if p["kind"] == "died"]
+        if dead:
+            self._fail(dead, f"; {then}")
+
+    def _fail(self, problems: list[dict[str, Any]], more: str) -> None:
+        first = problems[0]["record"]
+        culprit = {
+            "rank": problems[0]["rank"], "component": first.get("roles"), "host": first.get("host"),
+            "error": problems[0]["kind"], "activity": first.get("activity"),
+        }  # fmt: skip
+        self.on_fatal("; ".join(describe_problem(p) for p in problems) + more, culprit)
+
     def _records(self) -> dict[int, dict[str, Any]]:
         records = {}
         for rank in range(self.world_size):
@@ -153,14 +168,7 @@ class Watchdog:
                 continue
             # live ranks answer at their next beat: two beats are enough (4 s at most)
             stacks = collect_stacks(self.run_dir, problems, wait_s=min(4.0, 2 * self.interval + 0.5))
-            message = "; ".join(describe_problem(p) for p in problems)
-            message += f". Python stacks of every rank that could answer: {stacks}"
-            first = problems[0]["record"]
-            culprit = {
-                "rank": problems[0]["rank"], "component": first.get("roles"), "host": first.get("host"),
-                "error": problems[0]["kind"], "activity": first.get("activity"),
-            }  # fmt: skip
-            self.on_fatal(message, culprit)
+            self._fail(problems, f". Python stacks of every rank that could answer: {stacks}")
             return
 
     def close(self) -> None:
