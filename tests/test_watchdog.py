@@ -144,6 +144,22 @@ def test_watchdog_finds_dead_and_silent_ranks_from_heartbeat_files(tmp_path: Pat
     assert json.loads((tmp_path / "heartbeats" / "rank-1.json").read_text())["left"]
 
 
+def test_a_ranks_first_activity_is_on_disk_before_the_next_beat(tmp_path: Path) -> None:
+    """A coordinator killed in its first seconds was reported "starting": its first activity
+    waited for the next beat (2 s by default). Later activities still wait for it."""
+    beat = Heartbeat(tmp_path, 0, interval=60.0)
+    path = tmp_path / "heartbeats" / "rank-0.json"
+    try:
+        assert json.loads(path.read_text())["activity"] == "starting"
+        beat.doing("coordinating")
+        record = json.loads(path.read_text())
+        assert (record["activity"], record["roles"]) == ("coordinating", "coordinator")
+        beat.doing("step 1")
+        assert json.loads(path.read_text())["activity"] == "coordinating"  # no write per activity
+    finally:
+        beat.close()
+
+
 @pytest.mark.parametrize(("victim", "name"), [(2, "beta"), (0, "coordinator")])
 def test_a_killed_rank_is_named_not_just_a_pid(tmp_path: Path, victim: int, name: str) -> None:
     """kill -9 takes every rank down at once; the death watch still names the first to die."""

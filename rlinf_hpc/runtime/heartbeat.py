@@ -56,11 +56,14 @@ class Heartbeat:
         self._thread.start()
 
     def doing(self, activity: str | None, roles: str | None = None) -> None:
+        first = self.activity == "starting"
         self.activity, self.since = activity or "idle", time.time()
-        if roles is not None and roles != self.roles:
-            self.roles = roles
+        if first or (roles is not None and roles != self.roles):
+            self.roles = roles if roles is not None else self.roles
+            # a new component, or the rank's first activity: say so now, not at the next beat
+            # (a coordinator killed in its first seconds was reported as "starting")
             with contextlib.suppress(OSError):
-                self._beat()  # a new component: say so now, not at the next beat
+                self._beat()
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
