@@ -57,6 +57,15 @@ class ProbeWorker(Worker):
     def pid(self) -> int:
         return os.getpid()
 
+    def exhaust_memory(self, cgroup: str, settle_s: float) -> None:
+        """Move into the memory cgroup ``cgroup`` (the test made it, with a small limit), let a
+        heartbeat or two record it, then allocate until the kernel's OOM killer ends this rank."""
+        Path(cgroup, "cgroup.procs").write_text(str(os.getpid()))
+        time.sleep(settle_s)
+        hoard = []
+        while True:
+            hoard.append(bytearray(b"\x01") * (16 << 20))  # touched: every page is charged
+
 
 def _cpu_of_all(coordinator: Coordinator) -> float:
     own = os.times().user + os.times().system
@@ -76,6 +85,12 @@ def idle_flow(coordinator: Coordinator) -> dict[str, float]:
     used = _cpu_of_all(coordinator) - before
     print(f"IDLE_CPU_FRACTION {used / wall:.4f}", flush=True)
     return {"cpu_fraction": used / wall}
+
+
+def oom_flow(coordinator: Coordinator) -> None:
+    """Alpha's rank runs out of its memory cgroup's limit (RLINF_TEST_OOM_CGROUP)."""
+    cgroup = coordinator.group("beta").call("getenv", "RLINF_TEST_OOM_CGROUP").result()[0]
+    coordinator.group("alpha").call("exhaust_memory", cgroup, 1.0).result(timeout=120)
 
 
 def failing_flow(coordinator: Coordinator) -> None:

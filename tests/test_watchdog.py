@@ -10,13 +10,15 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from rlinf_hpc.runtime import oomkill
 from rlinf_hpc.runtime.heartbeat import Heartbeat
 from rlinf_hpc.runtime.watchdog import Watchdog
 
-from conftest import BIN, probe_toml, rlinf, start_job, survivors, wait_for_pids
+from conftest import BIN, job_env, probe_toml, rlinf, start_job, survivors, wait_for_pids
 
 pytestmark = pytest.mark.mpi
 
@@ -196,6 +198,116 @@ def test_a_killed_rank_is_named_not_just_a_pid(tmp_path: Path, victim: int, name
     assert events[-1]["event"] == "rank_died"
     assert name in [died["component"], *[c["component"] for c in died.get("simultaneous", [])]]
     assert not survivors(pids, grace=5.0)
+
+
+@pytest.fixture
+def small_memory_cgroup() -> Any:
+    """A child of this process's memory cgroup limited to 200 MB (no swap); skipped where this
+    user may not make one (not root, no writable memory controller)."""
+    cgroup = oomkill.memory_cgroup(
+        Path("/proc/self/cgroup").read_text(), Path("/proc/self/mountinfo").read_text()
+    )
+    if cgroup is None:
+        pytest.skip("no memory cgroup")
+    child = cgroup / f"rlinf-oom-test-{os.getpid()}"
+    limits = [("memory.limit_in_bytes", "memory.memsw.limit_in_bytes"), ("memory.max", "memory.swap.max")]
+    try:
+        child.mkdir()
+    except OSError as exc:
+        pytest.skip(f"cannot make a memory cgroup under {cgroup}: {exc}")
+    try:
+        for limit, swap in limits:
+            if (child / limit).exists():
+                (child / limit).write_text(str(200 << 20))
+                if (child / swap).exists():
+                    (child / swap).write_text(str(200 << 20) if limit.endswith("bytes") else "0")
+                break
+        else:
+            pytest.skip(f"{child} has no memory limit to set (controller not enabled there)")
+        yield child
+    except OSError as exc:
+        pytest.skip(f"cannot limit the memory of {child}: {exc}")
+    finally:
+        deadline = time.monotonic() + 10
+        while child.exists() and time.monotonic() < deadline:
+            with contextlib.suppress(OSError):
+                child.rmdir()  # once the killed rank is gone from it
+            time.sleep(0.2)
+
+
+def test_a_rank_the_oom_killer_ends_is_named_with_the_cause_and_the_fix(
+    tmp_path: Path, small_memory_cgroup: Path
+) -> None:
+    """The kernel's OOM killer sends SIGKILL: before, the job said "killed, or a crash below
+    Python" and the user had to guess. Now the death report says it was the OOM killer, which
+    limit, and what to change."""
+    run_dir = tmp_path / "run"
+    extra = "[watchdog]\nheartbeat_s = 0.2\nhang_timeout_s = 30.0\n"
+    env = job_env({"RLINF_TEST_OOM_CGROUP": str(small_memory_cgroup), "MPIEXEC_TIMEOUT": "90"})
+    started = time.monotonic()
+    result = rlinf(
+        "run", str(probe_toml(tmp_path, "oom_flow", extra=extra)), "--run-dir", str(run_dir), env=env
+    )
+    assert time.monotonic() - started < 60
+    assert result.returncode != 0, result.output
+    assert "killed by the kernel's OOM killer" in result.output, result.output
+    assert "rank 1 (alpha)" in result.output and "sbatch --mem" in result.output, result.output
+    culprit = json.loads((run_dir / "summary.json").read_text())["culprit"]
+    assert (culprit["rank"], culprit["component"], culprit["cause"]) == (1, "alpha", "oom_kill"), culprit
+    assert "200 MB" in culprit["cause_detail"], culprit  # the cgroup's limit, read from it
+    ends = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    assert any(
+        e.get("culprit", {}).get("cause") == "oom_kill" for e in ends if e["event"] in ("end", "rank_died")
+    )
+    # where the kernel log is not readable (not root, kernel.dmesg_restrict = 1), the count of
+    # the cgroup the rank's last heartbeat named still tells
+    last_beat = json.loads((run_dir / "heartbeats" / "rank-1.json").read_text())
+    assert last_beat["cgroup"] == str(small_memory_cgroup), last_beat
+    cause = oomkill.death_cause(last_beat, kmsg="")
+    assert cause and "most likely killed by the kernel's OOM killer" in cause["detail"], (cause, last_beat)
+
+
+def test_the_oom_killers_evidence_is_read_from_the_kernel_log_or_the_cgroups_count(tmp_path: Path) -> None:
+    """Each source on its own, from files written here: cgroup v1 and v2 paths, the kernel
+    log's record (matched on pid and time: a recycled pid is not taken), the cgroup's count."""
+    mountinfo = (
+        "31 23 0:28 / /sys/fs/cgroup rw - tmpfs tmpfs rw\n"
+        "35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory\n"
+        "41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n"
+    )
+    v1 = "4:memory:/slurm/uid_0/job_7/step_0\n0::/\n"
+    assert oomkill.memory_cgroup(v1, mountinfo) == Path("/sys/fs/cgroup/memory/slurm/uid_0/job_7/step_0")
+    only_v2 = "30 23 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw,nsdelegate\n"
+    assert oomkill.memory_cgroup("0::/system.slice/slurmstepd.scope/job_7\n", only_v2) == Path(
+        "/sys/fs/cgroup/system.slice/slurmstepd.scope/job_7"
+    )
+    assert oomkill.memory_cgroup("0::/\n", only_v2) == Path("/sys/fs/cgroup")
+    assert oomkill.memory_cgroup("0::/x\n", "") is None
+    kmsg = (
+        "6,420,100000000,-;oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),task=python,pid=4242,uid=0\n"
+        "3,421,100000100,-;Memory cgroup out of memory: Killed process 4242 (python) total-vm:9kB, "
+        "anon-rss:2048000kB, file-rss:0kB\n"
+        "3,430,200000000,-;Out of memory: Killed process 77 (rlinf-hpc) total-vm:9kB, anon-rss:1024kB, "
+        "file-rss:0kB\n"
+    )
+    assert oomkill.kernel_kill_record(kmsg, 4242, after_s=50.0) == {
+        "at_s": 100.0001, "name": "python", "rss_mb": 2000.0, "constraint": "CONSTRAINT_MEMCG",
+    }  # fmt: skip
+    assert oomkill.kernel_kill_record(kmsg, 4242, after_s=150.0) is None  # an older process of that pid
+    cause = oomkill.death_cause({"pid": 77, "boot_s": 150.0}, kmsg=kmsg)
+    assert cause and "the node ran out of memory" in cause["detail"], cause
+    cgroup = tmp_path / "cg"
+    cgroup.mkdir()
+    (cgroup / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 2\n")
+    (cgroup / "memory.max").write_text(str(512 << 20))
+    record = {"pid": 4242, "boot_s": 150.0, "cgroup": str(cgroup), "oom_kills": 1}
+    cause = oomkill.death_cause(record, kmsg=kmsg)  # not in the log (after its start): the count
+    assert cause and cause["detail"].startswith("most likely killed by the kernel's OOM killer"), cause
+    assert "(512 MB) counted 1 OOM kill(s)" in cause["detail"], cause
+    assert oomkill.death_cause({**record, "oom_kills": 2}, kmsg="") is None  # nothing since its last beat
+    (cgroup / "memory.events").unlink()
+    (cgroup / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 5\n")
+    assert oomkill.oom_kills(cgroup) == 5
 
 
 def _leak_job(tmp_path: Path, leak_mb: float, action: str = "warn") -> tuple[object, list[dict]]:

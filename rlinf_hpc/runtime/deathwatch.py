@@ -7,13 +7,15 @@ was. This helper is not an MPI rank and lives in a session of its own, so it out
 waits on each local rank's process (``pidfd``: woken at the exit, no polling) and the first one
 to exit without having left the job (its heartbeat says ``left`` when it leaves normally) is
 named — unless the job recorded its own culprit first — on stderr, in ``events.jsonl`` and in
-``summary.json`` (``culprit``). Exits the helper sees in one wake-up cannot be ordered (nor a
-watched rank it then finds a zombie: killed, its threads still being torn down, its pidfd not
-yet ready): it names all of them, as candidates (before, it named one: on a loaded 2-core box
-rank 0 or 1 for a killed rank 2, in about one run in three); it raises its own priority where it
-may, so that it usually wakes at the first exit alone, before the launcher has ended the others.
-It exits once it has named a culprit or every watched process left normally. Rank 0 starts it
-once the placement is known; ranks on other nodes are not watched by it.
+``summary.json`` (``culprit``), with why where the node says: the kernel's OOM killer
+(`rlinf_hpc.runtime.oomkill`; the culprit's ``cause`` and ``cause_detail``). Exits the helper
+sees in one wake-up cannot be ordered (nor a watched rank it then finds a zombie: killed, its
+threads still being torn down, its pidfd not yet ready): it names all of them, as candidates
+(before, it named one: on a loaded 2-core box rank 0 or 1 for a killed rank 2, in about one run
+in three); it raises its own priority where it may, so that it usually wakes at the first exit
+alone, before the launcher has ended the others. It exits once it has named a culprit or every
+watched process left normally. Rank 0 starts it once the placement is known; ranks on other
+nodes are not watched by it.
 
     python -m rlinf_hpc.runtime.deathwatch RUN_DIR RUN_ID '{"2": 1234, ...}'
 """
@@ -31,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-from rlinf_hpc.runtime.heartbeat import HEARTBEATS, read_heartbeat, record_culprit
+from rlinf_hpc.runtime.heartbeat import HEARTBEATS, culprit_of, death_of, read_heartbeat, record_culprit
 from rlinf_hpc.runtime.ownership import pid_alive
 
 #: Written into RUN_DIR/heartbeats/ once the watch is on.
@@ -144,20 +146,20 @@ def _report(
     doing = {r: records[r].get("activity") or "idle" for r in ranks}
     said = {r: f"rank {r} ({roles[r]}) on {host}, pid {pids[r]}, died while in {doing[r]}" for r in ranks}
     rank, others = ranks[0], ranks[1:]
+    problem = death_of(rank, {**records[rank], "roles": roles[rank], "host": host, "pid": pids[rank]})
+    why = "it exited without leaving the job (killed, or a crash below Python)"
+    if problem.get("cause"):  # the kernel's OOM killer
+        why = problem["cause"]["detail"]
+    if problem.get("cause", {}).get("certain"):
+        others = []  # the kernel killed this one: the others exited because it did
     also = ""
     if others:
         also = (
             f"; in the same instant: {'; '.join(said[r] for r in others)} — any of them may have been first"
         )
-    sys.stderr.write(
-        f"rlinf-hpc: {said[rank]}: it exited without leaving the job (killed, or a crash below "
-        f"Python){also}; the other ranks ended with it\n"
-    )
+    sys.stderr.write(f"rlinf-hpc: {said[rank]}: {why}{also}; the other ranks ended with it\n")
     sys.stderr.flush()
-    culprit = {
-        "rank": rank, "component": roles[rank], "host": host, "error": "died", "activity": doing[rank],
-        "seen_first": list(seen_first),
-    }  # fmt: skip
+    culprit = {**culprit_of(problem), "activity": doing[rank], "seen_first": list(seen_first)}
     if others:
         culprit["simultaneous"] = [{"rank": r, "component": roles[r]} for r in others]
     line = {"time": round(time.time(), 6), "rank": rank, "event": "rank_died", "culprit": culprit}
@@ -165,7 +167,6 @@ def _report(
     try:
         with (run_dir / "events.jsonl").open("a", encoding="utf-8") as events:
             events.write(json.dumps(line) + "\n")
-        problem = {"rank": rank, "kind": "died", "record": {**records[rank], "roles": roles[rank]}}
         named = {"simultaneous": culprit.get("simultaneous"), "seen_first": culprit["seen_first"]}
         record_culprit(run_dir, {**problem, **named})
     except OSError:

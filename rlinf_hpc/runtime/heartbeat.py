@@ -24,6 +24,7 @@ from typing import Any
 from rlinf_hpc.comm.waiting import current_wait
 from rlinf_hpc.imports import loaded
 from rlinf_hpc.log import get_logger
+from rlinf_hpc.runtime.oomkill import boot_seconds, cgroup_state, death_cause
 from rlinf_hpc.runtime.ownership import pid_alive
 
 log = get_logger("watchdog")
@@ -46,6 +47,7 @@ class Heartbeat:
         self.interval = interval
         self.roles = "coordinator" if rank == 0 else ""
         self.activity, self.since = "starting", time.time()
+        self.boot_s = boot_seconds()  # its start on the kernel log's clock (`oomkill`)
         self._dumped: str | None = None
         self._errors: set[str] = set()  # kinds of beat failures logged already
         self.gpu: Any = None  # `GpuGuard` once a component of this rank works on a GPU
@@ -101,7 +103,7 @@ class Heartbeat:
         record = {
             "rank": self.rank, "pid": os.getpid(), "host": socket.gethostname(), "time": time.time(),
             "roles": self.roles, "activity": self.activity, "since": self.since, "left": left,
-            "wait": current_wait(),
+            "wait": current_wait(), "boot_s": self.boot_s, **cgroup_state(),
             **memory_in_use(), **(self.gpu.record() if self.gpu is not None else {}),
         }  # fmt: skip
         path = self.dir / f"rank-{self.rank}.json"
@@ -128,7 +130,7 @@ class Heartbeat:
             return
         problem = None
         if record.get("host") == socket.gethostname() and not pid_in_record_alive(record.get("pid")):
-            problem = {"rank": 0, "kind": "died", "age_s": 0.0, "record": record}
+            problem = death_of(0, record)
         elif time.time() - float(record.get("time", time.time())) > self.hang_timeout_s:
             problem = {
                 "rank": 0,
@@ -200,6 +202,28 @@ def pid_in_record_alive(pid: Any) -> bool:
     return not isinstance(pid, int) or pid_alive(pid)
 
 
+def death_of(rank: int, record: dict[str, Any], age_s: float = 0.0) -> dict[str, Any]:
+    """The problem "rank ``rank`` died", with why where its node says (run on that node): the
+    kernel's OOM killer (`oomkill.death_cause`)."""
+    problem = {"rank": rank, "kind": "died", "age_s": age_s, "record": record}
+    cause = death_cause(record)
+    if cause is not None:
+        problem["cause"] = cause
+    return problem
+
+
+def culprit_of(problem: dict[str, Any]) -> dict[str, Any]:
+    """The ``culprit`` of summary.json and events.jsonl for a watchdog's ``problem``."""
+    record = problem["record"]
+    culprit = {
+        "rank": problem["rank"], "component": record.get("roles"), "host": record.get("host"),
+        "error": problem["kind"], "activity": record.get("activity"),
+    }  # fmt: skip
+    if problem.get("cause"):
+        culprit["cause"], culprit["cause_detail"] = problem["cause"]["kind"], problem["cause"]["detail"]
+    return culprit
+
+
 def record_culprit(run_dir: Path, problem: dict[str, Any]) -> None:
     """Mark this run's summary as ended by ``problem`` (when rank 0, its owner, cannot)."""
     path = run_dir / "summary.json"
@@ -207,13 +231,7 @@ def record_culprit(run_dir: Path, problem: dict[str, Any]) -> None:
         summary = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
         summary = {}
-    record = problem["record"]
-    summary.update(
-        outcome=f"rank {problem['kind']}",
-        interrupted=True,
-        culprit={"rank": problem["rank"], "component": record.get("roles"), "host": record.get("host"),
-                 "error": problem["kind"], "activity": record.get("activity")},
-    )  # fmt: skip
+    summary.update(outcome=f"rank {problem['kind']}", interrupted=True, culprit=culprit_of(problem))
     if problem.get("simultaneous"):  # [{rank, component}] of exits seen together with this one
         summary["culprit"]["simultaneous"] = problem["simultaneous"]
     if problem.get("seen_first") is not None:  # the death watch's first wake-up: [rank, ...]
@@ -229,7 +247,8 @@ def describe_problem(problem: dict[str, Any]) -> str:
     busy_for = time.time() - float(record.get("since", time.time()))
     who = f"rank {problem['rank']} ({record.get('roles') or 'no component'}) on {record.get('host')}"
     if problem["kind"] == "died":
-        return f"{who}, pid {record.get('pid')}, died while in {doing} ({busy_for:.0f} s)"
+        cause = f": {problem['cause']['detail']}" if problem.get("cause") else ""
+        return f"{who}, pid {record.get('pid')}, died while in {doing} ({busy_for:.0f} s){cause}"
     if problem["kind"] == "stuck":
         return f"{who}, pid {record.get('pid')}: {problem['detail']}"
     return (

@@ -33,6 +33,8 @@ from rlinf_hpc.runtime.heartbeat import (
     DUMP_REQUEST,
     HEARTBEATS,
     STACKS,
+    culprit_of,
+    death_of,
     describe_problem,
     dump_own_stacks,
     pid_in_record_alive,
@@ -95,7 +97,7 @@ class Watchdog:
             self._seen.add(rank)
             age = now - float(record.get("time", now))
             if record.get("host") == host and not pid_in_record_alive(record.get("pid")):
-                problems.append({"rank": rank, "kind": "died", "age_s": age, "record": record})
+                problems.append(death_of(rank, record, age))
             elif age > self.hang_timeout_s:
                 problems.append({"rank": rank, "kind": "stopped", "age_s": age, "record": record})
         if not problems:
@@ -118,12 +120,7 @@ class Watchdog:
             self._fail(dead, f"; {then}")
 
     def _fail(self, problems: list[dict[str, Any]], more: str) -> None:
-        first = problems[0]["record"]
-        culprit = {
-            "rank": problems[0]["rank"], "component": first.get("roles"), "host": first.get("host"),
-            "error": problems[0]["kind"], "activity": first.get("activity"),
-        }  # fmt: skip
-        self.on_fatal("; ".join(describe_problem(p) for p in problems) + more, culprit)
+        self.on_fatal("; ".join(describe_problem(p) for p in problems) + more, culprit_of(problems[0]))
 
     def _records(self) -> dict[int, dict[str, Any]]:
         records = {}
