@@ -217,4 +217,9 @@ def test_a_rank_killed_under_srun_is_named_and_the_step_ends_within_seconds(
     assert summary["culprit"]["rank"] == victim and summary["culprit"]["component"] == name, summary
     ends = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
     assert all(e["outcome"] == "rank died" for e in ends if e["event"] == "end"), ends
+    # a rank whose MPI_Finalize waited out its bound writes its stacks to the run directory:
+    # faulthandler's "Timeout (0:00:10)!" and a traceback on stderr read as a second failure
+    assert "Timeout (" not in out.read_text(), out.read_text()
+    for stacks in (run_dir / "stacks").glob("finalize-rank-*.txt"):
+        assert "MPI_Finalize did not return within 10 s" in stacks.read_text()
     assert not survivors(pids, grace=5.0)

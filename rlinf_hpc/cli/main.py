@@ -237,11 +237,14 @@ def _cmd_run(args: argparse.Namespace, argv: list[str]) -> int:
     from rlinf_hpc.comm import finalize
     from rlinf_hpc.runners.job import JobRequest, run_job
 
-    code = run_job(
+    end = run_job(
         JobRequest(args.config, tuple(args.overrides), args.run_dir, args.np, args.resume, args.force_resume)
     )
+    code = end.code
     # after a failure or a signal the job is ending: do not wait long for ranks that are gone
-    finalize(within=FINALIZE_AFTER_FAILURE_S if code else FINALIZE_S)
+    # (its stacks, if it waits past that, to the run directory: the job has said what failed)
+    stacks = end.run_dir / "stacks" if end.run_dir is not None and code else None
+    finalize(within=FINALIZE_AFTER_FAILURE_S if code else FINALIZE_S, stacks=stacks)
     run_deferred_requeue()  # after a deadline save in SLURM: MPI is finalized first
     return code
 

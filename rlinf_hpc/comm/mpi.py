@@ -138,20 +138,40 @@ def abort(exit_code: int, grace_s: float = 0.5) -> None:
     os._exit(exit_code)
 
 
-def finalize(within: float | None = None) -> None:
+def finalize(within: float | None = None, stacks: Path | None = None) -> None:
     """Finalize MPI now (once every message is done), e.g. before this job requeues itself.
 
     ``within``: MPI_Finalize waits for every rank of the job (a PMI barrier), so a rank that
     left on a signal or a failure while another rank was dead waited there — in C, holding the
     GIL, its signals unanswered — until the launcher's SIGKILL (srun's KillWait: 30 s). Past
-    ``within`` seconds this rank prints every thread's stack and exits with code 1: the timer
-    is faulthandler's, a C thread (a Python timer thread never got the GIL back)."""
+    ``within`` seconds this rank writes every thread's stack and exits with code 1: the timer
+    is faulthandler's, a C thread (a Python timer thread never got the GIL back). The stacks go
+    to ``stacks/finalize-rank-N.txt`` (the run directory's; stderr without it): on stderr,
+    faulthandler's "Timeout (0:00:10)!" and a traceback read as a second failure, after the job
+    had named its own."""
     MPI = mpi()
     if MPI.Is_finalized():
         return
+    out, path = sys.stderr, None
+    if within is not None and stacks is not None:
+        rank = MPI.COMM_WORLD.Get_rank()
+        path = stacks / f"finalize-rank-{rank}.txt"
+        with contextlib.suppress(OSError):
+            stacks.mkdir(parents=True, exist_ok=True)
+            out = path.open("w", encoding="utf-8")
+            out.write(
+                f"# rank {rank} pid {os.getpid()}: MPI_Finalize did not return within {within:.0f} s "
+                "(a rank of the job is gone or hung); it exited with code 1. Its stacks then:\n"
+            )
+            out.flush()
     if within is not None:
         sys.stderr.flush()
-        faulthandler.dump_traceback_later(within, exit=True, file=sys.stderr)
+        faulthandler.dump_traceback_later(within, exit=True, file=out)
     MPI.Finalize()  # if the stack below ends here: a rank of the job is gone or hung
     if within is not None:
         faulthandler.cancel_dump_traceback_later()
+        if out is not sys.stderr:
+            out.close()
+            with contextlib.suppress(OSError):
+                assert path is not None
+                path.unlink()  # it returned in time: nothing to tell

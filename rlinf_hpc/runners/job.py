@@ -75,8 +75,23 @@ def _load_on_coordinator(
     return config_from_dict(payload["config"], "rank 0's config"), run_dir, Path(payload["run_dir"])
 
 
-def run_job(request: JobRequest) -> int:
-    """The body of `rlinf-hpc run` on one rank; returns the rank's exit code."""
+@dataclass(frozen=True)
+class JobEnd:
+    """How `run_job` ended on this rank: its exit code, and the run directory every rank
+    agreed on (None if the job failed before rank 0 chose it)."""
+
+    code: int
+    run_dir: Path | None
+
+
+def run_job(request: JobRequest) -> JobEnd:
+    """The body of `rlinf-hpc run` on one rank."""
+    where: list[Path] = []
+    code = _run_job(request, where)
+    return JobEnd(code, where[0] if where else None)
+
+
+def _run_job(request: JobRequest, where: list[Path]) -> int:
     environment = detect_environment()
     setup_logging(environment.rank if environment.rank is not None else "?", "init")
     install_signal_handlers()
@@ -86,6 +101,7 @@ def run_job(request: JobRequest) -> int:
     environment.check_against_mpi(control.rank, control.size)
     setup_logging(control.rank, "coord" if control.rank == 0 else "worker")
     config, run_dir, run_path = _load_on_coordinator(control, request, environment.slurm_job_id)
+    where.append(run_path)
     nccl.configure(run_path)  # before any process group: NCCL's failures land in the run dir
     setup_logging(control.rank, "coord" if control.rank == 0 else "worker", config.job.log_level)
     seed_process(config.job.seed, control.rank)
