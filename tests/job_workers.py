@@ -57,6 +57,14 @@ class ProbeWorker(Worker):
     def pid(self) -> int:
         return os.getpid()
 
+    def hold_memory(self, cgroup: str, megabytes: int, hold_s: float) -> int:
+        """Move into the memory cgroup ``cgroup``, hold ``megabytes`` of touched memory for
+        ``hold_s`` seconds, let it go."""
+        Path(cgroup, "cgroup.procs").write_text(str(os.getpid()))
+        held = bytearray(b"\x01") * (megabytes << 20)
+        time.sleep(hold_s)
+        return len(held) >> 20
+
     def exhaust_memory(self, cgroup: str, settle_s: float) -> None:
         """Move into the memory cgroup ``cgroup`` (the test made it, with a small limit), let a
         heartbeat or two record it, then allocate until the kernel's OOM killer ends this rank."""
@@ -91,6 +99,12 @@ def oom_flow(coordinator: Coordinator) -> None:
     """Alpha's rank runs out of its memory cgroup's limit (RLINF_TEST_OOM_CGROUP)."""
     cgroup = coordinator.group("beta").call("getenv", "RLINF_TEST_OOM_CGROUP").result()[0]
     coordinator.group("alpha").call("exhaust_memory", cgroup, 1.0).result(timeout=120)
+
+
+def memory_pressure_flow(coordinator: Coordinator) -> int:
+    """Alpha's rank holds 170 MB of its memory cgroup's 200 MB (RLINF_TEST_OOM_CGROUP) a while."""
+    cgroup = coordinator.group("beta").call("getenv", "RLINF_TEST_OOM_CGROUP").result()[0]
+    return coordinator.group("alpha").call("hold_memory", cgroup, 170, 2.0).result(timeout=120)[0]
 
 
 def failing_flow(coordinator: Coordinator) -> None:

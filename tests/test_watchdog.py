@@ -267,6 +267,57 @@ def test_a_rank_the_oom_killer_ends_is_named_with_the_cause_and_the_fix(
     assert cause and "most likely killed by the kernel's OOM killer" in cause["detail"], (cause, last_beat)
 
 
+def test_a_nearly_full_memory_cgroup_is_warned_of_with_the_ranks_holding_most(
+    tmp_path: Path, small_memory_cgroup: Path
+) -> None:
+    """Before the OOM killer: a rank holds 170 MB of its cgroup's 200 MB; the job warns, names
+    it, records a `memory_pressure` event and goes on (a warning, not a failure)."""
+    run_dir = tmp_path / "run"
+    extra = "[watchdog]\nheartbeat_s = 0.2\nhang_timeout_s = 30.0\nmemory_warn_fraction = 0.8\n"
+    env = job_env({"RLINF_TEST_OOM_CGROUP": str(small_memory_cgroup), "MPIEXEC_TIMEOUT": "90"})
+    config = probe_toml(tmp_path, "memory_pressure_flow", extra=extra)
+    result = rlinf("run", str(config), "--run-dir", str(run_dir), env=env)
+    assert result.returncode == 0, result.output
+    assert f"memory: the memory cgroup {small_memory_cgroup} on" in result.output, result.output
+    assert "of 200 MB): the kernel's OOM killer ends a rank at 100%" in result.output, result.output
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    warned = [e for e in events if e["event"] == "memory_pressure" and e["scope"] == str(small_memory_cgroup)]
+    assert len(warned) == 1, warned  # once, not at every beat
+    assert warned[0]["ranks"][0][:2] == [1, "alpha"] and warned[0]["used_mb"] >= 160, warned
+
+
+def test_memory_pressure_is_said_once_per_place_and_again_after_it_fell(tmp_path: Path) -> None:
+    """`PressureWatch` alone: a cgroup and a node, the largest holders first, re-armed 5 points
+    below the bound; a cgroup's working set leaves out inactive file cache (v1 and v2)."""
+    watch = oomkill.PressureWatch(0.9)
+
+    def beat(used: float, rss: float, roles: str, available: float = 20000.0) -> dict[str, Any]:
+        node = {"node_total_mb": 24000.0, "node_available_mb": available}
+        cgroup = {"cgroup": "/cg/step_0", "cgroup_used_mb": used, "cgroup_limit_mb": 1000.0}
+        return {"host": "n1", "rss_mb": rss, "roles": roles, **node, **cgroup}
+
+    assert watch.scan({1: beat(800, 300, "rollout"), 2: beat(800, 500, "actor")}) == []
+    (warning,) = watch.scan({1: beat(920, 300, "rollout"), 2: beat(920, 600, "actor")})
+    assert warning["scope"] == "/cg/step_0" and [r[0] for r in warning["ranks"]] == [2, 1], warning
+    assert "92% full (920 of 1000 MB)" in oomkill.describe_pressure(warning)
+    assert "rank 2 (actor) 600 MB, rank 1 (rollout) 300 MB" in oomkill.describe_pressure(warning)
+    assert watch.scan({1: beat(950, 300, "rollout")}) == []  # said already
+    assert watch.scan({1: beat(860, 300, "rollout")}) == []  # not 5 points below: still raised
+    assert watch.scan({1: beat(840, 300, "rollout")}) == []  # fell: re-armed
+    assert [w["scope"] for w in watch.scan({1: beat(910, 300, "rollout", available=1000.0)})] == [
+        "/cg/step_0", "node",
+    ]  # fmt: skip
+    for usage, inactive_key in (
+        ("memory.current", "inactive_file"),
+        ("memory.usage_in_bytes", "total_inactive_file"),
+    ):
+        cgroup = tmp_path / usage
+        cgroup.mkdir()
+        (cgroup / usage).write_text(str(900 << 20))
+        (cgroup / "memory.stat").write_text(f"active_file 1\n{inactive_key} {300 << 20}\nanon 5\n")
+        assert oomkill.working_set_mb(cgroup) == 600.0
+
+
 def test_the_oom_killers_evidence_is_read_from_the_kernel_log_or_the_cgroups_count(tmp_path: Path) -> None:
     """Each source on its own, from files written here: cgroup v1 and v2 paths, the kernel
     log's record (matched on pid and time: a recycled pid is not taken), the cgroup's count."""

@@ -39,6 +39,15 @@ class WatchdogConfig(_Section):
         "next step boundary.",
     )
 
+    memory_warn_fraction: float = Field(
+        0.9,
+        gt=0,
+        le=1,
+        description="Warn (once, until it falls back) when a memory cgroup's working set (usage "
+        "less inactive file cache) or a node's memory in use reaches this share of its limit, "
+        "naming the ranks holding most: before the kernel's OOM killer ends one.",
+    )
+
     straggler_ratio: float = Field(
         1.5, gt=1, description="A rank slower per item than ratio x its stage peers' median..."
     )

@@ -1,5 +1,6 @@
 """What watches a running job from rank 0: the heartbeat watchdog (a stopped or dead rank ends
-the job, named), the death watch (names a rank killed outright), the memory-leak monitor."""
+the job, named), the death watch (names a rank killed outright), the memory-leak monitor, the
+warning before the OOM killer."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from rlinf_hpc.runtime.gpu_health import FAULT_KINDS
 from rlinf_hpc.runtime.heartbeat import HEARTBEATS, read_heartbeat
 from rlinf_hpc.runtime.leaks import LeakMonitor, make_step_hook
 from rlinf_hpc.runtime.nccl import NcclLogWatch
+from rlinf_hpc.runtime.oomkill import PressureWatch, describe_pressure
 from rlinf_hpc.runtime.rundir import RunDirectory
 from rlinf_hpc.runtime.signals import request_stop
 from rlinf_hpc.runtime.watchdog import Watchdog, rank_of_process
@@ -59,9 +61,19 @@ def start_watchdog(
             log.warning("NCCL on %s (%s): %s", who, found["host"], found["line"])
             events.write("nccl_warning", **found)
 
+    pressure = PressureWatch(watch.memory_warn_fraction)
+    beats = [directory.path / HEARTBEATS / f"rank-{rank}.json" for rank in range(world_size)]
+
+    def memory_pressure() -> None:
+        """A memory cgroup or node nearly full: the ranks holding most, before the OOM killer."""
+        records = {rank: record for rank, path in enumerate(beats) if (record := read_heartbeat(path))}
+        for warning in pressure.scan({r: rec for r, rec in records.items() if not rec.get("left")}):
+            log.warning("memory: %s", describe_pressure(warning))
+            events.write("memory_pressure", **warning)
+
     return Watchdog(
         directory.path, world_size, watch.hang_timeout_s, watch.heartbeat_s, watch.action, on_fatal,
-        on_gpu_alarm if watch.gpu_health else None, [nccl_warnings],
+        on_gpu_alarm if watch.gpu_health else None, [nccl_warnings, memory_pressure],
     )  # fmt: skip
 
 

@@ -15,6 +15,9 @@ kernel's clock), and at its death `death_cause` looks for:
    ``oom_kill N``) risen since the rank's last beat: readable by anyone, but shared by every
    process of the cgroup (a SLURM step's ranks share one), so said as "most likely".
 
+Before it comes to that, `PressureWatch` warns when a memory cgroup's working set or a node's
+memory in use nears its limit, naming the ranks that hold most.
+
 No library does this (psutil reads neither file); it is ~100 lines of parsing, kept apart from
 the watch that uses it. Ranks on other nodes are not judged: their files are not on this one.
 """
@@ -32,6 +35,8 @@ from typing import Any
 _KILLED = re.compile(r"Killed process (\d+) \(([^)]*)\).*?anon-rss:(\d+)kB")
 #: "oom-kill:constraint=CONSTRAINT_MEMCG,...,pid=6152,uid=0" (kernels since 4.19)
 _CONSTRAINT = re.compile(r"oom-kill:constraint=(\w+),.*?[,]pid=(\d+)")
+#: (usage file, its inactive file cache in memory.stat): cgroup v2, v1
+_USAGE = (("memory.current", "inactive_file"), ("memory.usage_in_bytes", "total_inactive_file"))
 _UNLIMITED = 2**60  # cgroup v1 writes "no limit" as a page-rounded 2**63 - 1
 
 
@@ -92,16 +97,115 @@ def memory_limit_mb(cgroup: Path) -> float | None:
     return None
 
 
+def working_set_mb(cgroup: Path) -> float | None:
+    """What the cgroup's processes hold that the kernel cannot simply drop: its usage less its
+    inactive file cache (the kubelet's "working set"). Usage alone counts the page cache, which
+    fills any limit on a job that reads data and is reclaimed before the OOM killer acts."""
+    for usage_name, inactive_key in _USAGE:
+        try:
+            usage = int((cgroup / usage_name).read_text(encoding="ascii"))
+        except (OSError, ValueError):
+            continue
+        inactive = 0
+        with contextlib.suppress(OSError, ValueError):
+            for line in (cgroup / "memory.stat").read_text(encoding="ascii").splitlines():
+                key, _, value = line.partition(" ")
+                if key == inactive_key:
+                    inactive = int(value)
+        return max(usage - inactive, 0) / 2**20
+    return None
+
+
+def node_memory_mb() -> tuple[float, float] | None:
+    """This node's (total, available) memory: /proc/meminfo's MemTotal and MemAvailable."""
+    found = {}
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/meminfo").read_text(encoding="ascii").splitlines():
+            key, _, value = line.partition(":")
+            if key in ("MemTotal", "MemAvailable"):
+                found[key] = int(value.split()[0]) / 1024
+    if len(found) < 2:
+        return None
+    return found["MemTotal"], found["MemAvailable"]
+
+
 def cgroup_state() -> dict[str, Any]:
-    """This process's memory cgroup and its OOM-kill count now, for the heartbeat."""
+    """For the heartbeat: this process's memory cgroup, its OOM-kill count, its working set
+    and limit when it has one, and the node's memory."""
+    out: dict[str, Any] = {}
+    node = node_memory_mb()
+    if node is not None:
+        out["node_total_mb"], out["node_available_mb"] = round(node[0], 1), round(node[1], 1)
     try:
         with open("/proc/self/cgroup", encoding="ascii") as own, open("/proc/self/mountinfo") as mounts:
             cgroup = memory_cgroup(own.read(), mounts.read())
     except OSError:
-        return {}
+        return out
     if cgroup is None:
-        return {}
-    return {"cgroup": str(cgroup), "oom_kills": oom_kills(cgroup)}
+        return out
+    out.update(cgroup=str(cgroup), oom_kills=oom_kills(cgroup))
+    limit = memory_limit_mb(cgroup)
+    used = working_set_mb(cgroup) if limit is not None else None
+    if limit is not None and used is not None:
+        out["cgroup_used_mb"], out["cgroup_limit_mb"] = round(used, 1), round(limit, 1)
+    return out
+
+
+class PressureWatch:
+    """Rank 0's warning before the OOM killer: a memory cgroup (a SLURM step's, with ``--mem``)
+    whose working set, or a node whose memory in use, reaches ``fraction`` of its limit is
+    reported once, with the ranks there that hold most; again only after it fell 5 points below."""
+
+    def __init__(self, fraction: float) -> None:
+        self.fraction = fraction
+        self._raised: set[tuple[str, str]] = set()
+
+    def scan(self, records: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
+        """New warnings from the ranks' heartbeat ``records``: ``{"host", "scope", "used_mb",
+        "limit_mb", "ranks": [(rank, roles, rss_mb), ...]}`` (scope: the cgroup or "node")."""
+        places: dict[tuple[str, str], tuple[float, float, list[int]]] = {}
+        for rank, record in sorted(records.items()):
+            host = str(record.get("host"))
+            if record.get("cgroup_limit_mb") and record.get("cgroup_used_mb") is not None:
+                key = (host, str(record.get("cgroup")))
+                places.setdefault(
+                    key, (float(record["cgroup_used_mb"]), float(record["cgroup_limit_mb"]), [])
+                )
+                places[key][2].append(rank)
+            if record.get("node_total_mb") and record.get("node_available_mb") is not None:
+                total = float(record["node_total_mb"])
+                places.setdefault((host, "node"), (total - float(record["node_available_mb"]), total, []))
+                places[(host, "node")][2].append(rank)
+        out = []
+        for key, (used, limit, ranks) in places.items():
+            share = used / limit
+            if key in self._raised:
+                if share < self.fraction - 0.05:
+                    self._raised.discard(key)
+                continue
+            if share >= self.fraction:
+                self._raised.add(key)
+                top = sorted(ranks, key=lambda r: -float(records[r].get("rss_mb") or 0.0))[:3]
+                named = [
+                    (r, records[r].get("roles") or "-", float(records[r].get("rss_mb") or 0.0)) for r in top
+                ]
+                out.append({"host": key[0], "scope": key[1], "used_mb": round(used, 1),
+                            "limit_mb": round(limit, 1), "ranks": named})  # fmt: skip
+        return out
+
+
+def describe_pressure(warning: dict[str, Any]) -> str:
+    where = (
+        f"node {warning['host']}'s memory"
+        if warning["scope"] == "node"
+        else f"the memory cgroup {warning['scope']} on {warning['host']}"
+    )
+    holders = ", ".join(f"rank {r} ({roles}) {rss:.0f} MB" for r, roles, rss in warning["ranks"])
+    return (
+        f"{where} is {warning['used_mb'] / warning['limit_mb']:.0%} full ({warning['used_mb']:.0f} of "
+        f"{warning['limit_mb']:.0f} MB): the kernel's OOM killer ends a rank at 100%; holding most: "
+        f"{holders}"
+    )
 
 
 def boot_seconds() -> float:
