@@ -57,6 +57,12 @@ class ProbeWorker(Worker):
     def pid(self) -> int:
         return os.getpid()
 
+    def segfault(self) -> None:
+        """Crash below Python, as a buggy C extension does."""
+        import ctypes
+
+        ctypes.string_at(0)
+
     def hold_memory(self, cgroup: str, megabytes: int, hold_s: float) -> int:
         """Move into the memory cgroup ``cgroup``, hold ``megabytes`` of touched memory for
         ``hold_s`` seconds, let it go."""
@@ -99,6 +105,11 @@ def oom_flow(coordinator: Coordinator) -> None:
     """Alpha's rank runs out of its memory cgroup's limit (RLINF_TEST_OOM_CGROUP)."""
     cgroup = coordinator.group("beta").call("getenv", "RLINF_TEST_OOM_CGROUP").result()[0]
     coordinator.group("alpha").call("exhaust_memory", cgroup, 1.0).result(timeout=120)
+
+
+def crash_flow(coordinator: Coordinator) -> None:
+    """Alpha's rank crashes below Python (SIGSEGV)."""
+    coordinator.group("alpha").call("segfault").result(timeout=120)
 
 
 def memory_pressure_flow(coordinator: Coordinator) -> int:

@@ -267,6 +267,28 @@ def test_a_rank_the_oom_killer_ends_is_named_with_the_cause_and_the_fix(
     assert cause and "most likely killed by the kernel's OOM killer" in cause["detail"], (cause, last_beat)
 
 
+def test_a_rank_that_crashes_below_python_is_named_with_the_crash_and_where(tmp_path: Path) -> None:
+    """A segfault in a C extension: faulthandler was off, so the job said "killed, or a crash
+    below Python" with no stack. Now the report names the signal and the Python frame, and every
+    thread's stack is in the rank's crash file; ranks that left normally leave no such file."""
+    run_dir = tmp_path / "run"
+    result = rlinf("run", str(probe_toml(tmp_path, "crash_flow", extra=FAST)), "--run-dir", str(run_dir))
+    assert result.returncode != 0, result.output
+    said = "rank 1 (alpha) on"
+    assert (
+        said in result.output
+        and "crashed below Python: Fatal Python error: Segmentation fault" in result.output
+    )
+    assert "in string_at (" in result.output and "<- segfault (" in result.output, result.output
+    culprit = json.loads((run_dir / "summary.json").read_text())["culprit"]
+    assert (culprit["rank"], culprit["cause"]) == (1, "crash"), culprit
+    crash = (run_dir / "heartbeats" / "rank-1.crash").read_text()
+    assert "Segmentation fault" in crash and "in serve" in crash, crash  # every frame, down to the loop
+    clean = tmp_path / "clean"
+    assert rlinf("run", str(probe_toml(tmp_path, "idle_flow")), "--run-dir", str(clean)).returncode == 0
+    assert not list((clean / "heartbeats").glob("*.crash"))
+
+
 def test_a_nearly_full_memory_cgroup_is_warned_of_with_the_ranks_holding_most(
     tmp_path: Path, small_memory_cgroup: Path
 ) -> None:

@@ -145,10 +145,21 @@ def _report(
     roles = {r: records[r].get("roles") or ("coordinator" if r == 0 else "no component") for r in ranks}
     doing = {r: records[r].get("activity") or "idle" for r in ranks}
     said = {r: f"rank {r} ({roles[r]}) on {host}, pid {pids[r]}, died while in {doing[r]}" for r in ranks}
-    rank, others = ranks[0], ranks[1:]
-    problem = death_of(rank, {**records[rank], "roles": roles[rank], "host": host, "pid": pids[rank]})
+    problems = [
+        death_of(
+            r,
+            {**records[r], "roles": roles[r], "host": host, "pid": pids[r]},
+            heartbeats=run_dir / HEARTBEATS,
+        )
+        for r in ranks
+    ]
+    # a candidate that left evidence of its end (its crash file, the kernel's record of an OOM
+    # kill) is the one: the others of that instant were ended because it died
+    problem = next((p for p in problems if p.get("cause", {}).get("certain")), problems[0])
+    rank = problem["rank"]
+    others = [r for r in ranks if r != rank]
     why = "it exited without leaving the job (killed, or a crash below Python)"
-    if problem.get("cause"):  # the kernel's OOM killer
+    if problem.get("cause"):  # a crash below Python, the kernel's OOM killer
         why = problem["cause"]["detail"]
     if problem.get("cause", {}).get("certain"):
         others = []  # the kernel killed this one: the others exited because it did

@@ -24,6 +24,7 @@ from typing import Any
 from rlinf_hpc.comm.waiting import current_wait
 from rlinf_hpc.imports import loaded
 from rlinf_hpc.log import get_logger
+from rlinf_hpc.runtime.crashes import CrashRecorder, crash_cause
 from rlinf_hpc.runtime.oomkill import boot_seconds, cgroup_state, death_cause
 from rlinf_hpc.runtime.ownership import pid_alive
 
@@ -53,6 +54,7 @@ class Heartbeat:
         self.gpu: Any = None  # `GpuGuard` once a component of this rank works on a GPU
         self._stop = threading.Event()
         self._write_lock = threading.Lock()  # the main thread beats too, on a new component
+        self._crashes = CrashRecorder(self.dir, rank)  # a crash below Python: its stacks there
         self._beat()
         self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
         self._thread.start()
@@ -130,7 +132,7 @@ class Heartbeat:
             return
         problem = None
         if record.get("host") == socket.gethostname() and not pid_in_record_alive(record.get("pid")):
-            problem = death_of(0, record)
+            problem = death_of(0, record, heartbeats=self.dir)
         elif time.time() - float(record.get("time", time.time())) > self.hang_timeout_s:
             problem = {
                 "rank": 0,
@@ -158,6 +160,7 @@ class Heartbeat:
             self._beat(left=True)
         except OSError:
             pass
+        self._crashes.close()
 
 
 def memory_in_use() -> dict[str, float]:
@@ -202,11 +205,16 @@ def pid_in_record_alive(pid: Any) -> bool:
     return not isinstance(pid, int) or pid_alive(pid)
 
 
-def death_of(rank: int, record: dict[str, Any], age_s: float = 0.0) -> dict[str, Any]:
-    """The problem "rank ``rank`` died", with why where its node says (run on that node): the
-    kernel's OOM killer (`oomkill.death_cause`)."""
+def death_of(
+    rank: int, record: dict[str, Any], age_s: float = 0.0, heartbeats: Path | None = None
+) -> dict[str, Any]:
+    """The problem "rank ``rank`` died", with why where that is known: a crash below Python
+    (its crash file in ``heartbeats``, `crashes`), or — read on its node only — the kernel's OOM
+    killer (`oomkill.death_cause`)."""
     problem = {"rank": rank, "kind": "died", "age_s": age_s, "record": record}
-    cause = death_cause(record)
+    cause = crash_cause(heartbeats, rank) if heartbeats is not None else None
+    if cause is None and record.get("host") == socket.gethostname():
+        cause = death_cause(record)
     if cause is not None:
         problem["cause"] = cause
     return problem

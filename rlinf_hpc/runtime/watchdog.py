@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from rlinf_hpc.log import get_logger
+from rlinf_hpc.runtime.crashes import crash_cause
 from rlinf_hpc.runtime.heartbeat import (
     DUMP_REQUEST,
     HEARTBEATS,
@@ -96,8 +97,10 @@ class Watchdog:
                 continue
             self._seen.add(rank)
             age = now - float(record.get("time", now))
-            if record.get("host") == host and not pid_in_record_alive(record.get("pid")):
-                problems.append(death_of(rank, record, age))
+            beats = self.run_dir / HEARTBEATS
+            gone = record.get("host") == host and not pid_in_record_alive(record.get("pid"))
+            if gone or crash_cause(beats, rank) is not None:  # (a crash: any node's rank)
+                problems.append(death_of(rank, record, age, beats))
             elif age > self.hang_timeout_s:
                 problems.append({"rank": rank, "kind": "stopped", "age_s": age, "record": record})
         if not problems:
