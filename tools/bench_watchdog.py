@@ -12,6 +12,9 @@ and a leaking rank.
   is SIGSTOPped and the time until the job names it is measured (required ≤ 6 + 5 s).
 * ``kill_report_s``: one rank is ``kill -9``ed; the time until its rank and component are
   named (required ≤ 5 s).
+* ``crash_report_s``: one rank segfaults (a C call reading address 0); the time from its crash
+  file's write (faulthandler's dump) until the job names the rank, the signal and the frame
+  (required ≤ 5 s).
 * ``leak_rate_error``: a stage that keeps 8 MB per step; |reported rate − 8| ÷ 8 (≤ 0.2).
 * ``stuck_report_s``: a rank waits in a broadcast whose root never enters it (its heartbeat
   goes on); the time from entering the wait until the job names the operation and the missing
@@ -42,6 +45,7 @@ REQUIRED = {
     "overhead": ("<=", 0.01),
     "hang_report_s": ("<=", 11.0),
     "kill_report_s": ("<=", 5.0),
+    "crash_report_s": ("<=", 5.0),
     "leak_rate_error": ("<=", 0.2),
     "stuck_report_s": ("<=", 11.0),
 }
@@ -102,6 +106,22 @@ def time_to_name(out: Path, how: str) -> float:
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGCONT)
+        proc.wait(timeout=60)
+
+
+def crash_report_s(out: Path) -> float:
+    """Rank 1 segfaults: from its crash file's write to the report naming the crash."""
+    run_dir = out / "crash"
+    command = [RLINF, "run", str(probe_config(out, "crash_flow", "")), "--run-dir", str(run_dir)]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env(),
+                            start_new_session=True)  # fmt: skip
+    assert proc.stdout is not None
+    try:
+        for line in proc.stdout:
+            if "rank 1 (alpha)" in line and "crashed below Python" in line:
+                return time.time() - (run_dir / "heartbeats" / "rank-1.crash").stat().st_mtime
+        raise SystemExit("the crash was never reported")
+    finally:
         proc.wait(timeout=60)
 
 
@@ -168,11 +188,13 @@ def main() -> int:
         "step_s_off": off, "step_s_on": on,
         "hang_report_s": time_to_name(out, "stop"), "kill_report_s": time_to_name(out, "kill"),
         "leak_mb_per_step": leak_rate(out, 8.0), "stuck_report_s": stuck_report_s(out),
+        "crash_report_s": crash_report_s(out),
     }  # fmt: skip
     ratios = {
         "overhead": statistics.fmean(on) / statistics.fmean(off) - 1.0,
         "hang_report_s": raw["hang_report_s"],
         "kill_report_s": raw["kill_report_s"],
+        "crash_report_s": raw["crash_report_s"],
         "leak_rate_error": abs(raw["leak_mb_per_step"] - 8.0) / 8.0,
         "stuck_report_s": raw["stuck_report_s"],
     }
@@ -183,6 +205,7 @@ def main() -> int:
         f"named after {raw['kill_report_s']:.1f} s; 8 MB/step leak reported at {raw['leak_mb_per_step']:.2f}"
     )
     print(f"a rank stuck in a broadcast named with the missing rank after {raw['stuck_report_s']:.1f} s")
+    print(f"a segfaulted rank named with the signal and its frames after {raw['crash_report_s']:.1f} s")
     rows, ok = check_ratios(ratios, REQUIRED, digits=3)
     print(f"\n{'ratio':<18}{'value':>9}  {'required':<10}status")
     for name, value, bound, status in rows:
