@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -191,6 +192,28 @@ def test_an_engine_model_is_calibrated_to_the_engine_time_measured() -> None:
     assert slower.calibrated([1.54, 1.54], [4, 4]).calibration == pytest.approx(1.1)  # idempotent
     assert engine.calibrated([10.0], [4]).calibration == pytest.approx(1.5)  # bounded
     assert engine.calibrated([], []) is engine
+
+
+def test_an_engine_calibration_compares_each_engine_with_its_own_responses() -> None:
+    """One step's engines are one draw of where the long responses fell: compared with the
+    model's expected share they would move the calibration, compared with their own responses
+    they do not (the emulated engine is exact: calibration 1). The lengths an engine reports
+    come in the order they finished; the model's time on them takes them in a random order, as
+    it draws its shares, not with the longest last (a second wave of long ones)."""
+    engine = EngineModel(step_s=0.01, seq_step_s=0.0, slots=1, lengths=(10, 10, 10, 100))
+    assert engine.spread(1, engines=2)[1] < 0.4  # its expected share: mostly short ones
+    lucky = [1.0, 0.1]  # one engine got the long response, the other a short one
+    assert engine.calibrated(lucky, [1, 1]).calibration == pytest.approx(1.5)  # drawn: bounded
+    assert engine.calibrated(lucky, [1, 1], shares=[[100], [10]]).calibration == pytest.approx(1.0)
+    waves = EngineModel(step_s=0.01, seq_step_s=0.0, slots=3, lengths=(10, 10, 10, 100))
+    finished = [[10, 10, 10, 100]]  # as reported: shortest first; in that order the long one
+    assert waves._time(finished[0], []) == pytest.approx(1.1)  # would wait for a slot
+    assert waves._share_time(finished[0]) == pytest.approx(waves._share_time([100, 10, 10, 10]))
+    assert 1.0 <= waves._share_time(finished[0]) < 1.1  # mostly in the first wave
+    took = waves._share_time(finished[0])
+    assert waves.calibrated([took], [4], finished).calibration == pytest.approx(1.0)
+    partial = replace(waves, stop_fraction=0.25)  # a partial engine's carry-in: its drawn share
+    assert partial.calibrated([1.0], [4], finished) == partial.calibrated([1.0], [4])
 
 
 def test_split_ranks_follows_work_and_uses_every_rank() -> None:

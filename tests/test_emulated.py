@@ -296,6 +296,9 @@ def test_a_profile_file_changes_a_built_in_one_or_defines_its_own_stages(tmp_pat
 
     shipped = get_profile(str(CONFIGS / "profiles" / "grpo-7b-longtail.toml"))
     assert shipped.name == "grpo-7b-longtail" and shipped.long == (1500, 6000)
+    code = get_profile(str(CONFIGS / "profiles" / "grpo-code-longtail.toml"))
+    assert code.name == "grpo-code-longtail" and code.slots == 48 and code.samples_per_step == 384
+    assert code.max_micro_batch("actor") == micro_batch_bound(80e9, 40e9, 0.5e9) == 24
 
     longer = _profile_file(
         tmp_path,

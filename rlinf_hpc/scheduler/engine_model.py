@@ -145,18 +145,51 @@ class EngineModel:
         steps, _ = self._stop(lengths, carried)
         return self.calibration * (self.step_s * steps + self.seq_step_s * sum(lengths))
 
-    def calibrated(self, busy_s: list[float], items: list[int]) -> EngineModel:
+    def _share_time(self, share: list[int]) -> float:
+        """The expected time of an engine given these responses in an order drawn at random,
+        as the model draws its shares (an engine reports its lengths as they finish, the
+        shortest first: in that order, a share of more than ``slots`` would hold its longest
+        ones back for a second wave and cost 11% more than the engine took at 16 emulated
+        ranks)."""
+        if len(share) <= self.slots:  # one wave: the order does not matter
+            return self._time(list(share), [])
+        total = 0.0
+        for draw in range(self.draws):
+            order = list(share)
+            random.Random(draw * 1_000_003 + len(share)).shuffle(order)
+            total += self._time(order, [])
+        return total / self.draws
+
+    def calibrated(
+        self, busy_s: list[float], items: list[int], shares: list[list[int]] | None = None
+    ) -> EngineModel:
         """This model scaled so that its mean engine time on the measured shares (``items``
         requests on each engine) is the measured mean (``busy_s``), within [0.67, 1.5]: the
         decode-step fit alone left engines 10-15% short at 24-32 emulated ranks on 2 cores.
 
+        ``shares``: each engine's own response lengths. The model's time on them is what the
+        measured time is compared with; without them it is the model's expected time on
+        shares drawn from all the lengths, and one step's engines are a single draw: with an
+        8% tail of responses 4-5x as long, which engines got the long ones moved their mean
+        by 5-10% either way, and the calibration with it (0.90 on an exact emulated engine,
+        the step predicted 14% short at 24 ranks).
+
         >>> engine = EngineModel(0.01, 0.001, 4, (100,))
         >>> engine.calibrated([1.54, 1.54], [4, 4]).seconds(4, engines=2)
         1.54
+        >>> drawn = EngineModel(0.01, 0.0, 4, (10, 100))
+        >>> drawn.calibrated([1.0, 0.1], [1, 1], shares=[[100], [10]]).calibration
+        1.0
         """
         engines = len(items)
-        modelled = self.spread(sum(items) / max(1, engines), engines)[1] if engines else 0.0
-        if not busy_s or modelled <= 0:
+        if not busy_s or not engines:
+            return self
+        own = shares is not None and len(shares) == engines and self.stop_fraction == 0
+        if own and all(len(share) == n for share, n in zip(shares or [], items, strict=True)):
+            modelled = sum(self._share_time(share) for share in shares or []) / engines
+        else:
+            modelled = self.spread(sum(items) / engines, engines)[1]
+        if modelled <= 0:
             return self
         ratio = sum(busy_s) / len(busy_s) / (modelled / self.calibration)
         return replace(self, calibration=min(1.5, max(1 / 1.5, ratio)))

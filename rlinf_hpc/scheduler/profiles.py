@@ -104,7 +104,8 @@ def _engine_model(replies: list[dict[str, Any]], alone: list[float]) -> EngineMo
     if fitted is None:
         return None
     fitted = replace(fitted, stop_fraction=max(float(r.get("partial") or 0.0) for r in reports))
-    return fitted.calibrated(alone, [r["items"] for r in replies])
+    shares = [list(report["lengths"]) for report in reports]
+    return fitted.calibrated(alone, [r["items"] for r in replies], shares)
 
 
 def stage_micro_batches(pipeline: Pipeline, result: StepResult) -> list[int]:
