@@ -1,11 +1,9 @@
 """Heterogeneous SLURM jobs: the layout read from the allocation, components placed on their
 part (simulators on the CPU part with rank 0, policy and actor on the GPU part), the embodied
-job with that placement on CPU ranks, and the sbatch template.
-
-The local SLURM cluster (one node) cannot run a heterogeneous job: its SLURM 22.05 backfill
-scheduler plans the second part only after the first ends (measured: with bf_hetjob_immediate,
-time limits and small memory requests too), so a submitted one stays pending. The template is checked there
-with `sbatch --test-only` instead; the placement it asks for runs below under mpiexec."""
+job with that placement on CPU ranks, and the sbatch template — checked by `sbatch --test-only`
+and run for real as a two-part job on the local cluster's partition `het` (two slurmd on this
+machine: on its one-node default partition SLURM 22.05's backfill planned the second part only
+after the first had ended, so a submitted hetjob stayed pending)."""
 
 from __future__ import annotations
 
@@ -128,18 +126,59 @@ def test_the_template_refuses_to_run_outside_a_hetjob() -> None:
     assert done.returncode == 2 and "not a heterogeneous job" in done.stderr
 
 
+def _cpu_template(tmp_path: Path, nodes: tuple[str, str] | None = None) -> Path:
+    """The template for the local cluster: the GPUs and the cores per task taken out (its nodes
+    have no GPUs); with ``nodes``, each part on a node of partition ``het``."""
+    text = TEMPLATE.read_text().replace("#SBATCH --gpus-per-task=1\n", "")
+    for cores, node in zip(("4", "8"), nodes or ("", ""), strict=True):
+        where = f"#SBATCH --partition=het\n#SBATCH --nodelist={node}\n" if node else ""
+        text = text.replace(f"#SBATCH --cpus-per-task={cores}\n", f"#SBATCH --cpus-per-task=1\n{where}")
+    script = tmp_path / "cpu.sbatch"
+    script.write_text(text)
+    return script
+
+
 @pytest.mark.slurm
 @pytest.mark.skipif(SLURM_MISSING is not None, reason=str(SLURM_MISSING))
 def test_the_template_is_a_valid_two_part_job_for_sbatch(tmp_path: Path) -> None:
-    """`sbatch --test-only` on the local cluster: the two parts parse and fit (the GPUs and the
-    cores per task taken out: the local node has 8 CPUs and no GPUs)."""
-    text = TEMPLATE.read_text().replace("#SBATCH --gpus-per-task=1\n", "")
-    text = text.replace("#SBATCH --cpus-per-task=4\n", "#SBATCH --cpus-per-task=1\n")
-    text = text.replace("#SBATCH --cpus-per-task=8\n", "#SBATCH --cpus-per-task=1\n")
-    script = tmp_path / "cpu.sbatch"
-    script.write_text(text)
+    """`sbatch --test-only` on the local cluster's default partition: the two parts parse and fit."""
+    script = _cpu_template(tmp_path)
     sbatch = shutil.which("sbatch") or "sbatch"
     done = subprocess.run([sbatch, "--test-only", str(script)], capture_output=True, text=True, timeout=60,
-                          cwd=tmp_path)  # fmt: skip
+                          cwd=tmp_path, env=job_env())  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "using 5 processors" in done.stderr, done.stderr  # 3 + 2 tasks
+
+
+def _het_partition_missing() -> str | None:
+    if SLURM_MISSING is not None:
+        return str(SLURM_MISSING)
+    sinfo = ["sinfo", "-h", "-p", "het", "-o", "%N"]
+    shown = subprocess.run(sinfo, capture_output=True, text=True, timeout=30, env=job_env())
+    if "het-cpu" not in shown.stdout or "het-gpu" not in shown.stdout:
+        return "the local cluster has no partition `het` (an older slurm/local/up.sh, or RLINF_SLURM_HET=0)"
+    return None
+
+
+@pytest.mark.slurm
+@pytest.mark.skipif(_het_partition_missing() is not None, reason=str(_het_partition_missing()))
+def test_the_template_runs_as_a_heterogeneous_job_on_the_local_cluster(tmp_path: Path) -> None:
+    """The real thing: `sbatch` of the template, its two parts on two SLURM nodes (partition `het`
+    of slurm/local/up.sh: two slurmd on this machine), one MPI world over both through
+    `srun --het-group=0,1 --mpi=pmi2`, and the embodied job placed from the allocation."""
+    from test_slurm import sbatch_wait
+
+    script = _cpu_template(tmp_path, ("het-cpu", "het-gpu"))
+    run_dir = tmp_path / "run"
+    sets = ["components.policy.device=any", "components.actor.device=any", "ppo.iterations=2",
+            "env.envs_per_rank=4", "ppo.rollout_steps=16", "ppo.minibatches=2"]  # fmt: skip
+    result, text = sbatch_wait(tmp_path, str(script), str(CONFIG), "--run-dir", str(run_dir),
+                               *[f"--set={s}" for s in sets], timeout=240)  # fmt: skip
+    assert result.returncode == 0, result.output + text
+    assert "heterogeneous, part 0 3 task(s) on het-cpu, part 1 2 task(s) on het-gpu" in text, text
+    assert "(5 tasks on 2 node(s))" in text, text
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    placement = next(e for e in events if e["event"] == "placement")
+    assert placement["groups"] == {"env": [1, 2], "policy": [3], "actor": [4]}, placement
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["outcome"] == "ok" and summary["iterations"] == 2, summary

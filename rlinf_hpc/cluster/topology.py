@@ -95,20 +95,32 @@ def build_topology(infos: list[RankInfo]) -> list[RankSlot]:
     """Number nodes in order of first appearance and give each rank a device.
 
     A rank's local index comes from its launcher when known, else from its order among the
-    ranks on the same host. With k visible GPUs it uses ``cuda:(local_rank % k)``.
+    ranks on the same host — also where the launcher's indices repeat on a host (the parts of a
+    heterogeneous SLURM job on one machine each count from 0: two GPU ranks would take
+    ``cuda:0``). With k visible GPUs it uses ``cuda:(local_rank % k)``.
 
     >>> infos = [RankInfo(r, "a" if r < 2 else "b", 100 + r, None, (0,)) for r in range(3)]
     >>> [(s.rank, s.node_index, s.local_rank, s.device) for s in build_topology(infos)]
     [(0, 0, 0, 'cpu'), (1, 0, 1, 'cpu'), (2, 1, 0, 'cpu')]
+    >>> parts = [RankInfo(r, "a", 100 + r, r % 2, (0,)) for r in range(4)]
+    >>> [s.local_rank for s in build_topology(parts)]  # two launcher nodes, one host
+    [0, 1, 2, 3]
     """
+    ordered = sorted(infos, key=lambda i: i.rank)
+    given: dict[str, list[int]] = {}
+    for info in ordered:
+        if info.env_local_rank is not None:
+            given.setdefault(info.hostname, []).append(info.env_local_rank)
+    repeated = {host for host, ids in given.items() if len(set(ids)) < len(ids)}
     node_of: dict[str, int] = {}
     seen_on_node: dict[str, int] = {}
     slots = []
-    for info in sorted(infos, key=lambda i: i.rank):
+    for info in ordered:
         node_index = node_of.setdefault(info.hostname, len(node_of))
         order = seen_on_node.get(info.hostname, 0)
         seen_on_node[info.hostname] = order + 1
-        local_rank = info.env_local_rank if info.env_local_rank is not None else order
+        own = info.env_local_rank is not None and info.hostname not in repeated
+        local_rank = info.env_local_rank if own else order
         num_gpus = info.gpus.num_visible
         device = f"cuda:{local_rank % num_gpus}" if num_gpus else "cpu"
         slots.append(

@@ -3,7 +3,7 @@
 # the state directory in place for inspection. Safe to run twice.
 set -uo pipefail
 DIR=${RLINF_SLURM_DIR:-/tmp/rlinf_hpc-slurm}
-for name in slurmd slurmctld munged; do
+for name in slurmd-het-gpu slurmd-het-cpu slurmd slurmctld munged; do
     pidfile=$DIR/pids/$name
     [ -f "$pidfile" ] || continue
     pid=$(cat "$pidfile")
