@@ -10,11 +10,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 from test_slurm import _REASON as SLURM_MISSING
+from test_slurm import _gone_within, sbatch_wait
 
 from rlinf_hpc.cluster import GpuProbe, RankInfo, build_topology
 from rlinf_hpc.cluster.hetjob import read_het_layout
@@ -22,7 +25,7 @@ from rlinf_hpc.config import Config
 from rlinf_hpc.errors import UserError
 from rlinf_hpc.scheduler import plan_placement
 
-from conftest import REPO, job_env, rlinf
+from conftest import REPO, job_env, rlinf, run_command
 
 TEMPLATE = REPO / "slurm" / "hetjob_embodied.sbatch"
 CONFIG = REPO / "configs" / "embodied_ppo_hetjob.toml"
@@ -166,8 +169,6 @@ def test_the_template_runs_as_a_heterogeneous_job_on_the_local_cluster(tmp_path:
     """The real thing: `sbatch` of the template, its two parts on two SLURM nodes (partition `het`
     of slurm/local/up.sh: two slurmd on this machine), one MPI world over both through
     `srun --het-group=0,1 --mpi=pmi2`, and the embodied job placed from the allocation."""
-    from test_slurm import sbatch_wait
-
     script = _cpu_template(tmp_path, ("het-cpu", "het-gpu"))
     run_dir = tmp_path / "run"
     sets = ["components.policy.device=any", "components.actor.device=any", "ppo.iterations=2",
@@ -182,3 +183,32 @@ def test_the_template_runs_as_a_heterogeneous_job_on_the_local_cluster(tmp_path:
     assert placement["groups"] == {"env": [1, 2], "policy": [3], "actor": [4]}, placement
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["outcome"] == "ok" and summary["iterations"] == 2, summary
+
+
+@pytest.mark.slurm
+@pytest.mark.skipif(_het_partition_missing() is not None, reason=str(_het_partition_missing()))
+def test_a_rank_killed_in_the_second_part_is_named_and_the_job_ends(tmp_path: Path) -> None:
+    """kill -9 of the policy rank (part 1, on het-gpu) of a running hetjob: the run names it,
+    and the whole job (both parts) leaves the queue within the finalize bound."""
+    script = _cpu_template(tmp_path, ("het-cpu", "het-gpu"))
+    run_dir, out = tmp_path / "run", tmp_path / "job.out"
+    sets = ["components.policy.device=any", "components.actor.device=any", "ppo.iterations=1000"]
+    submit = run_command(["sbatch", "--parsable", f"--output={out}", f"--chdir={tmp_path}", str(script),
+                          str(CONFIG), "--run-dir", str(run_dir), *[f"--set={s}" for s in sets]],
+                         timeout=30)  # fmt: skip
+    assert submit.returncode == 0, submit.output
+    job_id = submit.stdout.strip().split(";")[0]
+    beat = run_dir / "heartbeats" / "rank-3.json"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and "iteration 2/" not in (out.read_text() if out.exists() else ""):
+        time.sleep(0.2)
+    if "iteration 2/" not in (out.read_text() if out.exists() else ""):
+        run_command(["scancel", job_id], timeout=30)
+        pytest.fail(f"the hetjob did not reach its second iteration in 120 s: {out.read_text()}")
+    pid = json.loads(beat.read_text())["pid"]
+    os.kill(pid, signal.SIGKILL)
+    took = _gone_within(job_id, 60)
+    assert took < 20, (took, out.read_text())
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["outcome"] == "rank died", (summary, out.read_text())
+    assert summary["culprit"]["rank"] == 3 and summary["culprit"]["component"] == "policy", summary
