@@ -151,7 +151,8 @@ def test_placements_and_rank_splits_that_cannot_work_are_refused(tmp_path: Path)
 
 #: Record fields that measure time (or name the placement), not learning.
 TIMING = {"rollout_s", "env_wait_s", "env_step_s", "policy_busy_s", "policy_batch", "receive_s", "train_s",
-          "weight_sync_s", "iteration_s", "elapsed_s", "placement"}  # fmt: skip
+          "weight_sync_s", "iteration_s", "elapsed_s", "placement", "rollout_cpu_s", "train_cpu_s",
+          "cpu_s"}  # fmt: skip
 
 
 @pytest.mark.mpi

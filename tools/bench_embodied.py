@@ -10,6 +10,10 @@ Ratios (required bounds in REQUIRED):
 - ``pipelined_vs_unpipelined``: rollout env steps/s with ``env.pipeline_stages = 2`` / ``1``.
 - ``async_vs_sync``: mean wall seconds per update, synchronous / asynchronous updates; the final
   returns of both (mean of the last 20 episodes) are reported next to it, at equal env steps.
+  Beside it, what the box allows (``async_vs_sync_ceiling``): the synchronous update's seconds
+  over the least an asynchronous one can take on these cores — every rank's CPU seconds of an
+  update (measured in the synchronous job) over the cores, or its longer chain alone if more —
+  and ``async_floor_vs_async``, how close async came to that floor (1.0: the cores are full).
 
 Each job runs the env's shipped config (`CONFIGS`; Hopper: 10 epochs x 16 minibatches, as PPO
 baselines for MuJoCo train) with the env count and rollout length above; async updates can only
@@ -69,6 +73,19 @@ def rollout_rate(job: dict) -> float:
     first, *rest = job["records"]
     per_rollout = first["env_steps"]  # every rollout is the same size
     return per_rollout * len(rest) / sum(r["rollout_s"] for r in rest)
+
+
+def async_floor(job: dict, cpus: int) -> dict[str, float]:
+    """The least an asynchronous update can take on this box, from a synchronous job's
+    iterations after the first: every rank's CPU seconds of an update over the cores (two on the
+    project's box: the env ranks' stepping, the policy's serving, the actor's update and the
+    coordinator's part, which async only overlaps), and no less than its longer chain alone
+    (the rollout or the update)."""
+    rest = job["records"][1:]
+    mean = lambda key: sum(r[key] for r in rest) / len(rest)  # noqa: E731
+    cpu = mean("cpu_s")
+    floor = max(cpu / cpus, mean("rollout_s"), mean("train_s"))
+    return {"cpu_s": cpu, "floor_s": floor, "ceiling": mean("iteration_s") / floor}
 
 
 def curves(job: dict) -> dict[str, list[float]]:
@@ -178,6 +195,7 @@ def main() -> int:
     }
     rounds: list[dict[str, float]] = []
     first: dict[str, dict] = {}
+    cpus = len(os.sched_getaffinity(0))
     with tempfile.TemporaryDirectory() as tmp:
         for index in range(args.repeats):  # alternated: a quiet or busy minute of the box hits all
             jobs = {
@@ -191,10 +209,11 @@ def main() -> int:
                 "vector": vector_env_rate(config, args.env, 2 * args.envs_per_rank, args.rollout_steps * 2),
                 "sync_update": jobs["pipelined"]["summary"]["mean_iteration_s"],
                 "async_update": jobs["async"]["summary"]["mean_iteration_s"],
+                **async_floor(jobs["pipelined"], cpus),
             })  # fmt: skip
-    split, unpipelined, vector, sync_update, async_update = (
-        statistics.median(r[k] for r in rounds)
-        for k in ("split", "unpipelined", "vector", "sync_update", "async_update")
+    keys = ("split", "unpipelined", "vector", "sync_update", "async_update", "cpu_s", "floor_s", "ceiling")
+    split, unpipelined, vector, sync_update, async_update, cpu_s, floor_s, ceiling = (
+        statistics.median(r[k] for r in rounds) for k in keys
     )
     pipelined, asynchronous = first["pipelined"], first["async"]
     ratios = {
@@ -215,9 +234,15 @@ def main() -> int:
         "vector_env_steps_per_s": vector,
         "sync_s_per_update": sync_update,
         "async_s_per_update": async_update,
+        # what the cores allow async (`async_floor`): the ratio's ceiling on this box, and how
+        # close async came to that floor
+        "cpu_s_per_update": cpu_s,
+        "async_floor_s": floor_s,
+        "async_vs_sync_ceiling": ceiling,  # its iterations after the first over the floor
+        "async_floor_vs_async": floor_s / async_update,
         "sync_return_end": pipelined["summary"]["return_end"],
         "async_return_end": asynchronous["summary"]["return_end"],
-        "cpus": len(os.sched_getaffinity(0)),
+        "cpus": cpus,
         # each round's ratios (the medians above make the reported ones)
         "async_vs_sync_rounds": [r["sync_update"] / r["async_update"] for r in rounds],
         "pipelined_vs_unpipelined_rounds": [r["split"] / r["unpipelined"] for r in rounds],

@@ -114,6 +114,7 @@ class ActorWorker(Worker):
         started = time.monotonic()
         data = self._receive(iteration)
         received = time.monotonic()
+        cpu = time.process_time()
         staleness = self.version - self.behaviour
         if staleness > ppo.max_staleness:
             raise RuntimeError(
@@ -169,6 +170,7 @@ class ActorWorker(Worker):
             "value_mean": float(values.mean()),
             "receive_s": received - started,
             "train_s": time.monotonic() - received,
+            "train_cpu_s": time.process_time() - cpu,  # on a core (what a shared one slows)
             "version": self.version,
         }
         if ppo.normalize_rewards:  # what a reward is divided by (before the clip)

@@ -62,6 +62,8 @@ class _Rollout:
             "policy_busy_s": max(s["busy_s"] for s in served),
             "policy_batch": sum(s["observations"] for s in served)
             / max(sum(s["batches"] for s in served), 1),
+            # CPU seconds of the env and policy ranks, all of them (`_record`'s cpu_s)
+            "rollout_cpu_s": sum(e["cpu_s"] for e in envs) + sum(s["cpu_s"] for s in served),
         }
 
 
@@ -101,7 +103,7 @@ def embodied_ppo_flow(coordinator: Coordinator) -> dict[str, Any]:
         }
 
     for iteration in range(first, ppo.iterations):
-        step_started = time.monotonic()
+        step_started, step_cpu = time.monotonic(), time.process_time()
         if collected is None:
             collected = _Rollout(coordinator, iteration).result()
         lr = ppo.lr * (1 - iteration / ppo.iterations) if ppo.anneal_lr else ppo.lr
@@ -119,6 +121,11 @@ def embodied_ppo_flow(coordinator: Coordinator) -> dict[str, Any]:
         env_steps += collected["env_steps"]
         episodes += collected["returns"]
         record = _record(iteration, collected, trained, sync, env_steps, episodes, step_started, started)
+        # every rank's CPU seconds for this update's work: its rollout, its training, this rank's
+        # own part; over the cores the job has, the least an iteration can take on them
+        train_cpu_s = sum(t["train_cpu_s"] for t in trained)
+        rollout_cpu_s = collected.get("rollout_cpu_s") or 0.0
+        record["cpu_s"] = rollout_cpu_s + train_cpu_s + time.process_time() - step_cpu
         record["placement"] = auto.label
         history.append(record)
         metrics.write(iteration + 1, record)
@@ -168,6 +175,10 @@ def _recent_mean(episodes: list[float]) -> float | None:
     return sum(recent) / len(recent) if recent else None
 
 
+#: What a rollout's result puts into its iteration's record.
+_ROLLOUT_FIGURES = ("rollout_s", "env_wait_s", "env_step_s", "policy_busy_s", "policy_batch", "rollout_cpu_s")
+
+
 def _record(
     iteration: int,
     collected: dict[str, Any],
@@ -187,19 +198,13 @@ def _record(
         "return_mean": sum(returns) / len(returns) if returns else None,
         "return_recent": _recent_mean(episodes),
         "episode_length_mean": sum(collected["lengths"]) / len(collected["lengths"]) if returns else None,
-        **{
-            k: collected[k]
-            for k in ("rollout_s", "env_wait_s", "env_step_s", "policy_busy_s", "policy_batch")
-        },
+        **{k: collected.get(k) for k in _ROLLOUT_FIGURES},  # a checkpoint's may predate one
         **means,
         "staleness": max(t["staleness"] for t in trained),
         "weight_sync_s": sync["seconds"],
         "iteration_s": time.monotonic() - step_started,
         "elapsed_s": time.monotonic() - started,
     }
-
-
-_TIMES = ("rollout_s", "env_wait_s", "env_step_s", "policy_busy_s", "policy_batch")
 
 
 def _log_iteration(record: dict[str, Any], iterations: int) -> None:

@@ -88,7 +88,7 @@ class EnvWorker(Worker):
 
     def rollout(self, iteration: int, steps: int) -> dict[str, Any]:
         """``steps`` steps of every simulator; the trajectory goes to the actor."""
-        started = time.monotonic()
+        started, cpu = time.monotonic(), time.process_time()
         if self._sent is not None:
             self._sent.wait()  # the previous rollout reached its actor rank
             self._sent = None
@@ -145,6 +145,7 @@ class EnvWorker(Worker):
             "seconds": time.monotonic() - started,
             "wait_s": wait_s,
             "step_s": step_s,
+            "cpu_s": time.process_time() - cpu,
             "versions": sorted(versions),
         }
 
@@ -215,6 +216,7 @@ class PolicyWorker(Worker):
         # (A blocking get with a short timeout re-armed its spin on every call: an idle policy
         # rank spun ~45% of its time on the cores its env ranks step on.)
         backoff = Backoff(maximum=SERVE_MAX_SLEEP_S, spin=SERVE_SPIN_S)
+        cpu = time.process_time()
         while done != envs:
             try:
                 items = channel.get_batch(target_weight=limit, block=False)
@@ -246,4 +248,10 @@ class PolicyWorker(Worker):
                     done.add(rank)
             if not items and done != envs:
                 backoff.sleep()
-        return {"requests": requests, "observations": observations, "batches": batches, "busy_s": busy_s}
+        return {
+            "requests": requests,
+            "observations": observations,
+            "batches": batches,
+            "busy_s": busy_s,
+            "cpu_s": time.process_time() - cpu,
+        }
