@@ -57,6 +57,23 @@ class WorkerError(RuntimeError):
         super().__init__(f"rank {rank} (component '{component}') failed in {method}: {error}")
 
 
+class WorkerInterrupted(WorkerError):
+    """A worker left the job because it received SIGINT/SIGTERM: the launcher is ending the
+    job (srun ends every task of a step after one died, Hydra forwards Ctrl-C), so the worker
+    is not the culprit. Its signal's number gives the job's exit code, as `JobInterrupted`'s."""
+
+    def __init__(self, rank: int, component: str, signal_name: str) -> None:
+        import signal
+
+        self.signal_name = signal_name
+        self.signum = int(signal.Signals[signal_name])
+        super().__init__(rank, component, "its service loop", signal_name, "")
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
 class CommTimeoutError(TimeoutError):
     """A wait on other ranks expired. The message names who waited for whom, on what, how long."""
 

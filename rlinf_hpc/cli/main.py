@@ -10,11 +10,12 @@ import os
 import socket
 import sys
 import textwrap
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rlinf_hpc.errors import EXIT_USER_ERROR, UserError
+from rlinf_hpc.errors import EXIT_USER_ERROR, JobInterrupted, UserError
 from rlinf_hpc.log import is_primary_rank
 
 
@@ -237,9 +238,18 @@ def _cmd_run(args: argparse.Namespace, argv: list[str]) -> int:
     from rlinf_hpc.comm import finalize
     from rlinf_hpc.runners.job import JobRequest, run_job
 
-    end = run_job(
-        JobRequest(args.config, tuple(args.overrides), args.run_dir, args.np, args.resume, args.force_resume)
-    )
+    options = (args.run_dir, args.np, args.resume, args.force_resume)
+    request = JobRequest(args.config, tuple(args.overrides), *options)
+    try:
+        end = run_job(request)
+    except (UserError, SystemExit):
+        raise  # every rank raises it alike (rank 0's verdict is broadcast): none waits for another
+    except BaseException as exc:  # past the job's own handling: say it, then leave MPI in bounds
+        traceback.print_exc()  # (left to the interpreter, MPI_Finalize came first: mpi4py's atexit
+        sys.stderr.flush()  # hook, unbounded, waited for a dead rank until the launcher's SIGKILL)
+        if "mpi4py.MPI" in sys.modules:
+            finalize(within=FINALIZE_AFTER_FAILURE_S)
+        return exc.exit_code if isinstance(exc, JobInterrupted) else 1
     code = end.code
     # after a failure or a signal the job is ending: do not wait long for ranks that are gone
     # (its stacks, if it waits past that, to the run directory: the job has said what failed)

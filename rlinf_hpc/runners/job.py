@@ -18,7 +18,14 @@ from rlinf_hpc.cluster.allocation import read_allocation
 from rlinf_hpc.comm import CommOptions, ControlPlane, DataPlane, library_version
 from rlinf_hpc.config import Config, config_from_dict, config_to_toml, load_config
 from rlinf_hpc.config.apps import app_of
-from rlinf_hpc.errors import CheckpointStop, CommTimeoutError, JobInterrupted, UserError, WorkerError
+from rlinf_hpc.errors import (
+    CheckpointStop,
+    CommTimeoutError,
+    JobInterrupted,
+    UserError,
+    WorkerError,
+    WorkerInterrupted,
+)
 from rlinf_hpc.log import get_logger, setup_logging
 from rlinf_hpc.runners.watching import memory_hook, start_deathwatch, start_watchdog
 from rlinf_hpc.runtime import nccl
@@ -196,28 +203,31 @@ def _coordinate(
         return 0
     except CheckpointStop as exc:
         outcome = "checkpointed"
-        coordinator.shutdown(0, f"checkpointed step {exc.step}")
+        _shutdown(coordinator, 0, f"checkpointed step {exc.step}")
         summary = _summary(outcome, started, {"stopped_after_step": exc.step, "reason": exc.reason})
         return checkpoints.exit_code_after_stop(exc)
     except JobInterrupted as exc:
         outcome = exc.signal_name
-        if watchdog is not None:  # srun ends a step whose task died with SIGTERM to the rest:
-            watchdog.fail_if_dead(f"then this job received {exc.signal_name}")  # name it, at once
-        log.warning("received %s: stopping every rank", exc.signal_name)
-        coordinator.shutdown(exc.exit_code, exc.signal_name, timeout=5.0)
-        return exc.exit_code
+        return _interrupted(coordinator, watchdog, exc, "this job")
     except UserError as exc:
         outcome, culprit = "configuration error", {"rank": 0, "component": "coordinator", "error": str(exc)}
-        coordinator.shutdown(2, "configuration error")
+        _shutdown(coordinator, 2, "configuration error")
         raise
     except WorkerError as exc:
+        signalled = coordinator.calls.fatal
+        if isinstance(signalled, WorkerInterrupted):  # whatever the flow saw first of its leaving:
+            # the launcher is ending the job (srun, after a task of the step died: the other
+            # part's step of a hetjob got it first), and the worker is not the culprit
+            outcome = signalled.signal_name
+            who = f"rank {signalled.rank} ({signalled.component})"
+            return _interrupted(coordinator, watchdog, signalled, who)
         culprit = {"rank": exc.rank, "component": exc.component, "error": exc.error}
         if not exc.error.startswith("UserError: "):
             _record_failure(directory, culprit, started)
             return _fail(coordinator, exc)
         # a worker refused its input (options, files): a user error, reported as one
         outcome = "configuration error"
-        coordinator.shutdown(2, "configuration error")
+        _shutdown(coordinator, 2, "configuration error")
         raise UserError(
             f"{exc.error.removeprefix('UserError: ')} (rank {exc.rank}, component '{exc.component}')"
         ) from None
@@ -274,8 +284,32 @@ def _fail(coordinator: Coordinator, exc: Exception) -> int:
         log.error("%s", describe_failure(exc), exc_info=exc)
     # After a timeout one rank is known to hang: do not wait long for it to say goodbye.
     hung = isinstance(exc, CommTimeoutError)
-    coordinator.shutdown(1, "job failed", timeout=2.0 if hung else None)
+    _shutdown(coordinator, 1, "job failed", timeout=2.0 if hung else None)
     return 1
+
+
+def _interrupted(
+    coordinator: Coordinator, watchdog: Any, signal: JobInterrupted | WorkerInterrupted, who: str
+) -> int:
+    """A signal ends the job (``who`` received it): name a rank of this node that died before
+    it, else stop every rank; returns the exit code (128 + the signal)."""
+    if watchdog is not None:  # srun ends a step whose task died with SIGTERM to the rest:
+        watchdog.fail_if_dead(f"then {who} received {signal.signal_name}")  # name it, at once
+    log.warning("%s received %s: stopping every rank", who, signal.signal_name)
+    _shutdown(coordinator, signal.exit_code, signal.signal_name, timeout=5.0)
+    return signal.exit_code
+
+
+def _shutdown(coordinator: Coordinator, exit_code: int, reason: str, timeout: float | None = None) -> None:
+    """`Coordinator.shutdown`, which a signal may interrupt: the launcher ending the job while
+    it stops (srun's SIGTERM to every task once one died; rank 0's came while it waited for the
+    dead one to say goodbye, and the exception left it in MPI_Finalize until srun's SIGKILL,
+    30 s on). The ranks still there then get 2 s more (the handlers ignore a second signal)."""
+    try:
+        coordinator.shutdown(exit_code, reason, timeout=timeout)
+    except JobInterrupted as exc:
+        log.warning("received %s while stopping (%s): 2 s more for the ranks", exc.signal_name, reason)
+        coordinator.shutdown(exit_code, f"{reason}, then {exc.signal_name}", timeout=2.0)
 
 
 def _summary(outcome: str, started: float, result: Any) -> dict[str, Any]:

@@ -15,9 +15,12 @@ from collections.abc import Callable
 from typing import Any
 
 from rlinf_hpc.comm import ControlPlane, DataPlane, poll_until
-from rlinf_hpc.errors import WorkerError
+from rlinf_hpc.errors import WorkerError, WorkerInterrupted
 from rlinf_hpc.scheduler.futures import CallFuture, GroupFuture
 from rlinf_hpc.scheduler.protocol import Bye, Call, Reply, Request
+
+#: A worker's `Bye` reason when it left on a signal (`JobInterrupted.signal_name`).
+_SIGNALS = frozenset({"SIGINT", "SIGTERM"})
 
 
 class Calls:
@@ -162,7 +165,9 @@ class Calls:
                     future.call_id, rank, future.component, False, error=reason, traceback=message.traceback
                 )
             )
-        if message.reason != "shutdown" and self.fatal is None:
+        if message.reason in _SIGNALS and not message.error and self.fatal is None:
+            self.fatal = WorkerInterrupted(rank, self._components_on(rank) or "-", message.reason)
+        elif message.reason != "shutdown" and self.fatal is None:
             self.fatal = WorkerError(
                 rank,
                 self._components_on(rank) or "-",
