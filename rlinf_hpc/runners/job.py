@@ -293,6 +293,7 @@ def _interrupted(
 ) -> int:
     """A signal ends the job (``who`` received it): name a rank of this node that died before
     it, else stop every rank; returns the exit code (128 + the signal)."""
+    ignore_interrupts()  # the launcher's SIGTERM to rank 0 follows a worker's: it adds nothing
     if watchdog is not None:  # srun ends a step whose task died with SIGTERM to the rest:
         watchdog.fail_if_dead(f"then {who} received {signal.signal_name}")  # name it, at once
     log.warning("%s received %s: stopping every rank", who, signal.signal_name)
