@@ -203,7 +203,7 @@ def _coordinate(
         return 0
     except CheckpointStop as exc:
         outcome = "checkpointed"
-        _shutdown(coordinator, 0, f"checkpointed step {exc.step}")
+        coordinator.shutdown(0, f"checkpointed step {exc.step}")
         summary = _summary(outcome, started, {"stopped_after_step": exc.step, "reason": exc.reason})
         return checkpoints.exit_code_after_stop(exc)
     except JobInterrupted as exc:
@@ -211,7 +211,7 @@ def _coordinate(
         return _interrupted(coordinator, watchdog, exc, "this job")
     except UserError as exc:
         outcome, culprit = "configuration error", {"rank": 0, "component": "coordinator", "error": str(exc)}
-        _shutdown(coordinator, 2, "configuration error")
+        coordinator.shutdown(2, "configuration error")
         raise
     except WorkerError as exc:
         signalled = coordinator.calls.fatal
@@ -227,7 +227,7 @@ def _coordinate(
             return _fail(coordinator, exc)
         # a worker refused its input (options, files): a user error, reported as one
         outcome = "configuration error"
-        _shutdown(coordinator, 2, "configuration error")
+        coordinator.shutdown(2, "configuration error")
         raise UserError(
             f"{exc.error.removeprefix('UserError: ')} (rank {exc.rank}, component '{exc.component}')"
         ) from None
@@ -284,7 +284,7 @@ def _fail(coordinator: Coordinator, exc: Exception) -> int:
         log.error("%s", describe_failure(exc), exc_info=exc)
     # After a timeout one rank is known to hang: do not wait long for it to say goodbye.
     hung = isinstance(exc, CommTimeoutError)
-    _shutdown(coordinator, 1, "job failed", timeout=2.0 if hung else None)
+    coordinator.shutdown(1, "job failed", timeout=2.0 if hung else None)
     return 1
 
 
@@ -297,20 +297,8 @@ def _interrupted(
     if watchdog is not None:  # srun ends a step whose task died with SIGTERM to the rest:
         watchdog.fail_if_dead(f"then {who} received {signal.signal_name}")  # name it, at once
     log.warning("%s received %s: stopping every rank", who, signal.signal_name)
-    _shutdown(coordinator, signal.exit_code, signal.signal_name, timeout=5.0)
+    coordinator.shutdown(signal.exit_code, signal.signal_name, timeout=5.0)
     return signal.exit_code
-
-
-def _shutdown(coordinator: Coordinator, exit_code: int, reason: str, timeout: float | None = None) -> None:
-    """`Coordinator.shutdown`, which a signal may interrupt: the launcher ending the job while
-    it stops (srun's SIGTERM to every task once one died; rank 0's came while it waited for the
-    dead one to say goodbye, and the exception left it in MPI_Finalize until srun's SIGKILL,
-    30 s on). The ranks still there then get 2 s more (the handlers ignore a second signal)."""
-    try:
-        coordinator.shutdown(exit_code, reason, timeout=timeout)
-    except JobInterrupted as exc:
-        log.warning("received %s while stopping (%s): 2 s more for the ranks", exc.signal_name, reason)
-        coordinator.shutdown(exit_code, f"{reason}, then {exc.signal_name}", timeout=2.0)
 
 
 def _summary(outcome: str, started: float, result: Any) -> dict[str, Any]:

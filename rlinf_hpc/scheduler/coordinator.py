@@ -17,7 +17,7 @@ from rlinf_hpc.channel import Channel, channel_for
 from rlinf_hpc.cluster import RankSlot
 from rlinf_hpc.comm import COORDINATOR_RANK, Backoff, ControlPlane, DataPlane, Directory, abort
 from rlinf_hpc.config import Config, config_from_dict
-from rlinf_hpc.errors import UserError
+from rlinf_hpc.errors import JobInterrupted, UserError
 from rlinf_hpc.log import get_logger
 from rlinf_hpc.scheduler.calls import Calls
 from rlinf_hpc.scheduler.group import ComponentGroup
@@ -287,10 +287,19 @@ class Coordinator:
         deadline = time.monotonic() + timeout
         backoff = Backoff()
         while any(r not in self.calls.departed for r in remaining) and time.monotonic() < deadline:
-            if self.pump():
-                backoff.reset()
-            else:
-                backoff.sleep()
+            try:
+                if self.pump():
+                    backoff.reset()
+                else:
+                    backoff.sleep()
+            except JobInterrupted as exc:  # the launcher ends the job while it stops (srun's
+                # SIGTERM to every task once one died: rank 0's came while it waited for the dead
+                # one, and the exception left it in an unbounded MPI_Finalize until srun's SIGKILL,
+                # 30 s on); the handlers ignore a second signal
+                log.warning(
+                    "received %s while stopping (%s): 2 s more for the ranks", exc.signal_name, reason
+                )
+                deadline = min(deadline, time.monotonic() + 2.0)
         silent = [r for r in remaining if r not in self.calls.departed]
         if not silent:
             return True
