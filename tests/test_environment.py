@@ -6,7 +6,7 @@ import pytest
 
 from rlinf_hpc.cluster import detect_environment
 from rlinf_hpc.cluster.devices import _visible_indices
-from rlinf_hpc.comm.mpi import default_transports
+from rlinf_hpc.comm.mpi import PMI2_PLUGIN_NETMOD, default_transports
 from rlinf_hpc.errors import UserError
 
 SRUN_TASK = {  # what `srun --mpi=pmi2 -n 2` gave task 1 on the local cluster
@@ -121,3 +121,26 @@ def test_single_node_jobs_give_ucx_shared_memory_only(
     environ = dict(variables)
     default_transports(environ)
     assert environ.get("UCX_TLS") == expected
+
+
+PMI2_STEP = {**SRUN_TASK, "SLURM_MPI_TYPE": "pmi2"}
+
+
+@pytest.mark.parametrize(
+    ("variables", "expected"),
+    [
+        ({**PMI2_STEP, "SLURM_STEP_NUM_NODES": "2"}, PMI2_PLUGIN_NETMOD),  # across nodes: OFI
+        ({**PMI2_STEP, "SLURM_STEP_NUM_NODES": "1"}, None),  # one node: UCX over shared memory
+        ({**PMI2_STEP, "SLURM_STEP_NUM_NODES": "2", "MPIR_CVAR_CH4_NETMOD": "ucx"}, "ucx"),  # the user's
+        ({**PMI2_STEP, "SLURM_STEP_NUM_NODES": "2", "MPICH_CH4_NETMOD": "ucx"}, None),  # other spelling
+        ({**SRUN_TASK, "SLURM_MPI_TYPE": "pmix", "SLURM_STEP_NUM_NODES": "2"}, None),  # PMIx frames fine
+        ({k: v for k, v in PMI2_STEP.items() if k != "PMI_FD"} | {"SLURM_STEP_NUM_NODES": "2"}, None),
+    ],
+)
+def test_multi_node_pmi2_steps_get_mpich_over_ofi(variables: dict[str, str], expected: str | None) -> None:
+    """Slurm's pmi2 plugin cuts PMI-1 lines over 1024 bytes; UCX's business card makes such lines
+    across nodes (the hetjob's MPI_Init failures), OFI's does not: see comm/mpi.py."""
+    environ = dict(variables)
+    chosen = default_transports(environ)
+    assert environ.get("MPIR_CVAR_CH4_NETMOD") == expected
+    assert ("MPIR_CVAR_CH4_NETMOD" in chosen) == (expected == PMI2_PLUGIN_NETMOD)

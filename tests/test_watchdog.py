@@ -146,6 +146,36 @@ def test_watchdog_finds_dead_and_silent_ranks_from_heartbeat_files(tmp_path: Pat
     assert json.loads((tmp_path / "heartbeats" / "rank-1.json").read_text())["left"]
 
 
+def test_ranks_found_dead_together_are_named_in_the_order_the_death_watch_saw_them_exit(
+    tmp_path: Path,
+) -> None:
+    """Over OFI a killed rank's peers abort within milliseconds of it, so the watchdog finds
+    several dead at once: the death watch's exit order (heartbeats/exits.jsonl) names the killed
+    one first, not the lowest rank (rank 1 for a killed rank 3 in the hetjob test)."""
+    from rlinf_hpc.runtime.deathwatch import EXITS, exit_order
+
+    fatal: list[tuple[str, dict]] = []
+    watch = Watchdog(tmp_path, 5, hang_timeout_s=60.0, interval=60.0, action="abort",
+                     on_fatal=lambda m, c: fatal.append((m, c)))  # fmt: skip
+    try:
+        dead = subprocess.Popen(["true"])
+        dead.wait()
+        beats = tmp_path / "heartbeats"
+        beats.mkdir()
+        for rank in (1, 2, 3):
+            record = {"rank": rank, "pid": dead.pid, "host": os.uname().nodename, "time": time.time(),
+                      "roles": "policy" if rank == 3 else "env", "activity": "idle"}  # fmt: skip
+            (beats / f"rank-{rank}.json").write_text(json.dumps(record))
+        assert [p["rank"] for p in watch.check()] == [1, 2, 3]  # no exits seen: rank order
+        (beats / EXITS).write_text('{"time": 1.0, "ranks": [3]}\nnot json\n{"time": 1.1, "ranks": [2]}\n')
+        assert exit_order(beats) == {3: 0, 2: 2}
+        assert [p["rank"] for p in watch.check()] == [3, 2, 1]  # seen first; unseen last
+        watch.fail_if_dead("then the coordinator failed")
+        assert fatal and fatal[0][1]["rank"] == 3 and fatal[0][0].startswith("rank 3 (policy)")
+    finally:
+        watch.close()
+
+
 def test_a_ranks_first_activity_is_on_disk_before_the_next_beat(tmp_path: Path) -> None:
     """A coordinator killed in its first seconds was reported "starting": its first activity
     waited for the next beat (2 s by default). Later activities still wait for it."""
@@ -525,3 +555,33 @@ def test_mpich_segment_names_are_removed_once_attached_and_nothing_else() -> Non
     finally:
         for path in (segment, other):
             path.unlink(missing_ok=True)
+
+
+def test_a_failure_mpi_raised_waits_a_moment_for_the_death_it_came_from() -> None:
+    """`_dead_rank_first`: a send to a killed rank fails (over OFI) a moment before the rank's
+    exit shows; the job waits up to DEATH_GRACE_S for it on an MPI error, looks once otherwise."""
+    from rlinf_hpc.errors import WorkerError
+    from rlinf_hpc.runners import job
+
+    class Watch:
+        def __init__(self, dies_after: int) -> None:
+            self.looks, self.dies_after = 0, dies_after
+
+        def fail_if_dead(self, then: str) -> None:
+            self.looks += 1
+            if self.looks > self.dies_after:
+                raise SystemExit(f"named: {then}")  # the real one aborts the job from here
+
+    mpi_error = WorkerError(2, "env", "rollout", "Exception: Other MPI error",
+                            "Traceback ...\nmpi4py.MPI.Exception: Other MPI error\n")  # fmt: skip
+    with pytest.raises(SystemExit, match="named: then rank 2"):
+        job._dead_rank_first(Watch(dies_after=5), mpi_error, "then rank 2 (env) failed")
+    plain = WorkerError(2, "env", "rollout", "ValueError: bad", "Traceback ...\nValueError: bad\n")
+    watch = Watch(dies_after=5)
+    job._dead_rank_first(watch, plain, "then rank 2 (env) failed")
+    assert watch.looks == 1  # a Python error of the worker's own: no wait
+    started = time.monotonic()
+    never = Watch(dies_after=10**6)
+    job._dead_rank_first(never, mpi_error, "then rank 2 (env) failed")
+    assert job.DEATH_GRACE_S <= time.monotonic() - started < job.DEATH_GRACE_S + 0.5
+    job._dead_rank_first(None, mpi_error, "no watchdog")  # watchdog off: nothing to ask

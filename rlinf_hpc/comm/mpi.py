@@ -30,10 +30,48 @@ def _single_node_step(environ: MutableMapping[str, str]) -> bool:
     return environ.get(LAUNCHED_MARK) == "1" and not environ.get("SLURM_JOB_ID")
 
 
-def default_transports(environ: MutableMapping[str, str] = os.environ) -> None:
-    """Give UCX shared-memory transports on a single-node job unless ``UCX_TLS`` is set."""
+# Slurm's mpi/pmi2 plugin reads each PMI-1 request of a task with one read() of at most 1024
+# bytes (src/plugins/mpi/pmi2/pmi1.c, "TODO: read until newline"; Slurm 22.05 here), and MPICH's
+# PMI-1 client sends `put` lines of up to 1024 value characters plus the ~60 of the command, the
+# kvsname and the key. Across nodes the bundled MPICH's UCX netmod puts a fixed ~4.5 KB business
+# card per node (the UCX address, then uninitialised bytes) in 9 segments, run-length encoded, so
+# their length follows the heap's contents (the command line and the environment among them):
+# in some runs a segment's line passes 1024 and is cut in two — slurmstepd logs "value not
+# properly terminated in client request", the KVS keeps a torn address and MPI_Init aborts in
+# UCX's address unpack (`UCP_OBJECT_VERSION_V2`). OFI's card is 16 bytes a rank: no line comes
+# near the limit. The user's own choice of netmod (either spelling) is kept.
+PMI2_PLUGIN_NETMOD = "ofi"
+NETMOD_VARIABLES = ("MPIR_CVAR_CH4_NETMOD", "MPICH_CH4_NETMOD")
+
+
+def _multi_node_slurm_pmi2_step(environ: MutableMapping[str, str]) -> bool:
+    """True in a task of an ``srun --mpi=pmi2`` step over more than one node (heterogeneous
+    steps included: ``SLURM_STEP_NUM_NODES`` counts both parts' nodes)."""
+    nodes = environ.get("SLURM_STEP_NUM_NODES", "")
+    return (
+        environ.get("SLURM_MPI_TYPE") == "pmi2"
+        and "PMI_FD" in environ
+        and nodes.isdigit()
+        and int(nodes) > 1
+    )
+
+
+#: What `default_transports` set in this process's environment (for the job's start-up log).
+TRANSPORT_DEFAULTS: dict[str, str] = {}
+
+
+def default_transports(environ: MutableMapping[str, str] = os.environ) -> dict[str, str]:
+    """Give UCX shared-memory transports on a single-node job unless ``UCX_TLS`` is set, and
+    MPICH the OFI netmod in a multi-node step under Slurm's pmi2 plugin unless a netmod is set.
+    Returns the variables it set."""
+    chosen: dict[str, str] = {}
     if "UCX_TLS" not in environ and _single_node_step(environ):
-        environ["UCX_TLS"] = SINGLE_NODE_UCX_TLS
+        chosen["UCX_TLS"] = SINGLE_NODE_UCX_TLS
+    netmod_set = any(name in environ for name in NETMOD_VARIABLES)
+    if not netmod_set and _multi_node_slurm_pmi2_step(environ):
+        chosen["MPIR_CVAR_CH4_NETMOD"] = PMI2_PLUGIN_NETMOD
+    environ.update(chosen)
+    return chosen
 
 
 @cache
@@ -45,7 +83,7 @@ def mpi() -> Any:
 
     # Before MPI and any thread starts (threads inherit it): every wait here sleeps between polls.
     precise_sleeps(timer_slack_ns(os.environ))
-    default_transports()
+    TRANSPORT_DEFAULTS.update(default_transports())
 
     # We finalize explicitly after the last message; errors return as exceptions.
     mpi4py.rc.errors = "exception"

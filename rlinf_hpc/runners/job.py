@@ -16,6 +16,7 @@ from rlinf_hpc.channel import attach_channels, resolve_policy
 from rlinf_hpc.cluster import JobEnvironment, build_topology, detect_environment, local_rank_info
 from rlinf_hpc.cluster.allocation import read_allocation
 from rlinf_hpc.comm import CommOptions, ControlPlane, DataPlane, library_version
+from rlinf_hpc.comm.mpi import TRANSPORT_DEFAULTS
 from rlinf_hpc.config import Config, config_from_dict, config_to_toml, load_config
 from rlinf_hpc.config.apps import app_of
 from rlinf_hpc.errors import (
@@ -175,6 +176,11 @@ def _coordinate(
         environment.describe(),
         library_version(),
     )
+    if "MPIR_CVAR_CH4_NETMOD" in TRANSPORT_DEFAULTS:
+        log.info(
+            "MPI over OFI (MPIR_CVAR_CH4_NETMOD=ofi): under Slurm's pmi2 plugin UCX's start-up "
+            "exchange can be cut (README: Launchers); set MPIR_CVAR_CH4_NETMOD to choose yourself"
+        )
     if request.requested_ranks and request.requested_ranks != control.size:
         log.warning("--np %d ignored: the launcher started %d ranks", request.requested_ranks, control.size)
     outcome, culprit = "failed", None
@@ -223,6 +229,7 @@ def _coordinate(
             return _interrupted(coordinator, watchdog, signalled, who)
         culprit = {"rank": exc.rank, "component": exc.component, "error": exc.error}
         if not exc.error.startswith("UserError: "):
+            _dead_rank_first(watchdog, exc, f"then rank {exc.rank} ({exc.component}) failed")
             _record_failure(directory, culprit, started)
             return _fail(coordinator, exc)
         # a worker refused its input (options, files): a user error, reported as one
@@ -232,6 +239,7 @@ def _coordinate(
             f"{exc.error.removeprefix('UserError: ')} (rank {exc.rank}, component '{exc.component}')"
         ) from None
     except Exception as exc:  # noqa: BLE001 - report once, stop every rank, exit non-zero
+        _dead_rank_first(watchdog, exc, f"then the coordinator failed: {type(exc).__name__}")
         culprit = culprit_of(exc)
         _record_failure(directory, culprit, started)
         return _fail(coordinator, exc)
@@ -286,6 +294,31 @@ def _fail(coordinator: Coordinator, exc: Exception) -> int:
     hung = isinstance(exc, CommTimeoutError)
     coordinator.shutdown(1, "job failed", timeout=2.0 if hung else None)
     return 1
+
+
+#: How long a failure that MPI raised waits for the death of the rank it came from to show.
+DEATH_GRACE_S = 1.0
+
+
+def _is_mpi_error(exc: BaseException) -> bool:
+    if isinstance(exc, WorkerError):
+        return "mpi4py.MPI.Exception" in exc.remote_traceback
+    return type(exc).__module__.startswith("mpi4py")
+
+
+def _dead_rank_first(watchdog: Any, exc: BaseException, then: str) -> None:
+    """A rank of this node that died explains the failure that followed it: name it instead
+    (the watchdog ends the job from here). Over OFI a send to a killed rank fails at once, on
+    the coordinator or on the killed rank's peers, a moment before its exit is visible: an
+    error MPI raised waits up to `DEATH_GRACE_S` for it; any other looks once."""
+    if watchdog is None:
+        return
+    deadline = time.monotonic() + (DEATH_GRACE_S if _is_mpi_error(exc) else 0.0)
+    while True:
+        watchdog.fail_if_dead(then)
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(0.05)
 
 
 def _interrupted(

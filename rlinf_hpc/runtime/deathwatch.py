@@ -38,6 +38,34 @@ from rlinf_hpc.runtime.ownership import pid_alive
 
 #: Written into RUN_DIR/heartbeats/ once the watch is on.
 READY = "deathwatch.json"
+#: One line per wake-up with exits, appended at once (before any naming): the order in which
+#: this node's ranks exited, for the coordinator's own account when several are found dead
+#: (over OFI a killed rank's peers abort within milliseconds of it; in rank order the first
+#: peer was named).
+EXITS = "exits.jsonl"
+
+
+def _record_exits(run_dir: Path, ranks: list[int]) -> None:
+    if not ranks:
+        return
+    line = json.dumps({"time": round(time.time(), 6), "ranks": ranks}) + "\n"
+    with contextlib.suppress(OSError), (run_dir / HEARTBEATS / EXITS).open("a", encoding="utf-8") as out:
+        out.write(line)
+
+
+def exit_order(beats: Path) -> dict[int, int]:
+    """``{rank: position}`` in the order the death watch saw this node's ranks exit (ranks of one
+    wake-up share a position); {} when it saw none."""
+    order: dict[int, int] = {}
+    try:
+        lines = (beats / EXITS).read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return order
+    for position, text in enumerate(lines):
+        with contextlib.suppress(ValueError, TypeError, AttributeError):
+            for rank in json.loads(text).get("ranks", []):
+                order.setdefault(int(rank), position)
+    return order
 
 
 def start(run_dir: Path, run_id: str, pids: dict[int, int]) -> subprocess.Popen[bytes] | None:
@@ -72,6 +100,7 @@ def watch(run_dir: Path, run_id: str, pids: dict[int, int]) -> None:
         poller.register(fd, select.POLLIN)
     (run_dir / HEARTBEATS / READY).write_text(json.dumps({"pid": os.getpid(), "ranks": sorted(fds.values())}))
     first = sorted(rank for rank in gone if not _left(run_dir, rank))
+    _record_exits(run_dir, first)
     seen_first = list(first)
     while fds and not first:
         # exits seen in one wake-up cannot be ordered: all of them are named as candidates
@@ -83,21 +112,27 @@ def watch(run_dir: Path, run_id: str, pids: dict[int, int]) -> None:
             if not _left(run_dir, rank):
                 woke.append(rank)
         first = sorted(woke)  # the first wake-up's exits lead, in rank order among themselves
+        _record_exits(run_dir, first)
         seen_first = list(first)
         if first:  # a killed process whose threads are still being torn down is a zombie
             # already but not yet reported by its pidfd: a rank that saw it dead and exited at
             # once was seen first (a worker named for a killed rank 0, in CI under load)
             # — or not a zombie yet, still tearing down (a killed coordinator with its threads and
             # memory, while the workers that saw its sockets close had exited already: CI)
-            first += [r for r in fds.values() if _exiting(pids[r]) and not _left(run_dir, r)]
+            exiting = [r for r in fds.values() if _exiting(pids[r]) and not _left(run_dir, r)]
+            _record_exits(run_dir, exiting)
+            first += exiting
             # a large process (the coordinator) can take longer to tear down than the small
             # ones that saw its sockets close: exits within the next moment count with these
+            later = []
             for fd, _ in poller.poll(300):
                 rank = fds.pop(fd)
                 poller.unregister(fd)
                 os.close(fd)
                 if rank not in first and not _left(run_dir, rank):
-                    first.append(rank)
+                    later.append(rank)
+            _record_exits(run_dir, later)
+            first += later
     if first:  # in the order seen: the launcher ends the others only after the first exit
         _report(run_dir, run_id, first, pids, seen_first)
     for fd in fds:  # the job ends with the culprit named: stop watching the rest

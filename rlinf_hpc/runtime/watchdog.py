@@ -30,6 +30,7 @@ from typing import Any
 
 from rlinf_hpc.log import get_logger
 from rlinf_hpc.runtime.crashes import crash_cause
+from rlinf_hpc.runtime.deathwatch import exit_order
 from rlinf_hpc.runtime.heartbeat import (
     DUMP_REQUEST,
     HEARTBEATS,
@@ -105,6 +106,10 @@ class Watchdog:
                 problems.append({"rank": rank, "kind": "stopped", "age_s": age, "record": record})
         if not problems:
             problems = stuck_waits(records, now, self.hang_timeout_s)
+        else:  # the dead first, in the order this node's death watch saw them exit
+            order = exit_order(self.run_dir / HEARTBEATS)
+            last = max(order.values(), default=-1) + 1  # after every rank it saw
+            problems.sort(key=lambda p: (p["kind"] != "died", order.get(p["rank"], last), p["rank"]))
         if not self._unseen_reported and now - self.started > self.hang_timeout_s:
             self._unseen_reported = True
             unseen = sorted(set(range(1, self.world_size)) - self._seen)
