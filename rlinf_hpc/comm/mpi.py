@@ -49,10 +49,7 @@ def _multi_node_slurm_pmi2_step(environ: MutableMapping[str, str]) -> bool:
     steps included: ``SLURM_STEP_NUM_NODES`` counts both parts' nodes)."""
     nodes = environ.get("SLURM_STEP_NUM_NODES", "")
     return (
-        environ.get("SLURM_MPI_TYPE") == "pmi2"
-        and "PMI_FD" in environ
-        and nodes.isdigit()
-        and int(nodes) > 1
+        environ.get("SLURM_MPI_TYPE") == "pmi2" and "PMI_FD" in environ and nodes.isdigit() and int(nodes) > 1
     )
 
 
