@@ -179,7 +179,7 @@ def _coordinate(
     if "MPIR_CVAR_CH4_NETMOD" in TRANSPORT_DEFAULTS:
         log.info(
             "MPI over OFI (MPIR_CVAR_CH4_NETMOD=ofi): under Slurm's pmi2 plugin UCX's start-up "
-            "exchange can be cut (README: Launchers); set MPIR_CVAR_CH4_NETMOD to choose yourself"
+            "exchange can be cut (README: Running jobs); set MPIR_CVAR_CH4_NETMOD to choose yourself"
         )
     if request.requested_ranks and request.requested_ranks != control.size:
         log.warning("--np %d ignored: the launcher started %d ranks", request.requested_ranks, control.size)
