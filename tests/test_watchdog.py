@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -530,6 +531,59 @@ def test_the_death_watch_counts_a_zombie_or_an_exiting_process_as_gone() -> None
     finally:
         child.wait()
     assert _exiting(child.pid)  # reaped: gone
+
+
+def test_ranks_dead_before_the_death_watch_began_are_its_first_wake_up(tmp_path: Path) -> None:
+    """Under load the helper starts late: the coordinator, ended by the launcher for a crashed
+    rank 1, was dead already, and the watch named it alone without looking at the ranks still
+    tearing down (CI). Those dead at the start are a wake-up like any: the exits ready then, and
+    the ranks exiting, are named with them."""
+    beats = tmp_path / "heartbeats"
+    beats.mkdir()
+    (tmp_path / "summary.json").write_text(json.dumps({"run_id": "r1", "outcome": "running"}))
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # reaped: pidfd_open fails
+    zombie = subprocess.Popen(["sleep", "30"])
+    try:
+        zombie.kill()
+        for rank, pid, roles in ((0, dead.pid, None), (1, zombie.pid, "alpha")):
+            (beats / f"rank-{rank}.json").write_text(json.dumps({"rank": rank, "pid": pid, "roles": roles}))
+        pids = json.dumps({"0": dead.pid, "1": zombie.pid})
+        helper = [sys.executable, "-m", "rlinf_hpc.runtime.deathwatch", str(tmp_path), "r1", pids]
+        watch = subprocess.run(helper, capture_output=True, text=True, timeout=30)
+    finally:
+        zombie.wait()
+    assert "in the same instant: rank 1 (alpha)" in watch.stderr, watch.stderr
+    culprit = json.loads((tmp_path / "summary.json").read_text())["culprit"]
+    assert culprit["seen_first"] == [0, 1], culprit
+
+
+def test_the_death_watch_names_a_crashed_rank_whose_exit_it_has_not_seen_yet(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A crash file is written before the crashed rank exits; the launcher (or MPI) may end the
+    coordinator first. In CI the coordinator was then named alone for rank 1's segfault: the
+    crashed rank is the culprit, with its crash, whatever exit the watch saw first."""
+    from rlinf_hpc.runtime.deathwatch import _report
+
+    beats = tmp_path / "heartbeats"
+    beats.mkdir()
+    (tmp_path / "summary.json").write_text(json.dumps({"run_id": "r1", "outcome": "running"}))
+    for rank, roles in ((0, None), (1, "alpha"), (2, "beta")):
+        record = {"rank": rank, "pid": 100 + rank, "roles": roles, "activity": "coordinating"}
+        (beats / f"rank-{rank}.json").write_text(json.dumps(record))
+    pids = {0: 100, 1: 101, 2: 102}
+    _report(tmp_path, "r1", [0], pids, [0])  # no crash file: the coordinator it saw exit
+    assert "rank 0 (coordinator)" in capsys.readouterr().err
+    (tmp_path / "summary.json").write_text(json.dumps({"run_id": "r1", "outcome": "running"}))
+    crash = "Fatal Python error: Segmentation fault\n\nCurrent thread 0x1 (most recent call first):\n"
+    (beats / "rank-1.crash").write_text(crash + '  File "w.py", line 64 in segfault\n')
+    (beats / "rank-2.crash").write_text("")  # opened at the start, as every rank's is: no crash
+    _report(tmp_path, "r1", [0], pids, [0])
+    said = capsys.readouterr().err
+    assert said.startswith("rlinf-hpc: rank 1 (alpha) on") and "Segmentation fault, in segfault" in said
+    culprit = json.loads((tmp_path / "summary.json").read_text())["culprit"]
+    assert (culprit["rank"], culprit["cause"], culprit["seen_first"]) == (1, "crash", [0]), culprit
 
 
 def test_mpich_segment_names_are_removed_once_attached_and_nothing_else() -> None:

@@ -33,6 +33,7 @@ import sys
 import time
 from pathlib import Path
 
+from rlinf_hpc.runtime.crashes import crash_cause
 from rlinf_hpc.runtime.heartbeat import HEARTBEATS, culprit_of, death_of, read_heartbeat, record_culprit
 from rlinf_hpc.runtime.ownership import pid_alive
 
@@ -99,19 +100,21 @@ def watch(run_dir: Path, run_id: str, pids: dict[int, int]) -> None:
         fds[fd] = rank
         poller.register(fd, select.POLLIN)
     (run_dir / HEARTBEATS / READY).write_text(json.dumps({"pid": os.getpid(), "ranks": sorted(fds.values())}))
-    first = sorted(rank for rank in gone if not _left(run_dir, rank))
-    _record_exits(run_dir, first)
-    seen_first = list(first)
-    while fds and not first:
+    # ranks dead before the watch began count as its first wake-up: the rank whose death made
+    # the launcher end them may still be tearing down (a segfaulted rank 1 whose exit came after
+    # the coordinator's, the helper started late under load: the coordinator was named alone)
+    woke = [rank for rank in gone if not _left(run_dir, rank)]
+    first: list[int] = []
+    seen_first: list[int] = []
+    while not first and (fds or woke):
         # exits seen in one wake-up cannot be ordered: all of them are named as candidates
-        woke = []
-        for fd, _ in poller.poll(1000):
+        for fd, _ in poller.poll(0 if woke else 1000):
             rank = fds.pop(fd)
             poller.unregister(fd)
             os.close(fd)
             if not _left(run_dir, rank):
                 woke.append(rank)
-        first = sorted(woke)  # the first wake-up's exits lead, in rank order among themselves
+        first, woke = sorted(woke), []  # the first wake-up's exits lead, in rank order
         _record_exits(run_dir, first)
         seen_first = list(first)
         if first:  # a killed process whose threads are still being torn down is a zombie
@@ -175,6 +178,11 @@ def _report(
     summary = read_heartbeat(run_dir / "summary.json") or {}
     if summary.get("run_id") != run_id or summary.get("culprit") or summary.get("outcome") != "running":
         return  # another run's directory now, or this run ended with its own account
+    # a crash file is written before the crashed rank's exit, which the launcher or MPI may
+    # answer by ending the others first (CI: the coordinator was named alone for a segfault of
+    # rank 1, not yet seen exiting): a watched rank that crashed is a candidate all the same
+    crashed = [r for r in sorted(pids) if r not in ranks and crash_cause(run_dir / HEARTBEATS, r)]
+    ranks = ranks + crashed
     host = socket.gethostname()
     records = {r: read_heartbeat(run_dir / HEARTBEATS / f"rank-{r}.json") or {} for r in ranks}
     roles = {r: records[r].get("roles") or ("coordinator" if r == 0 else "no component") for r in ranks}
