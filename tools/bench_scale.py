@@ -241,7 +241,7 @@ def auto_warmup(sets: list[str]) -> int:
     >>> auto_warmup(["placement.mode=auto"]), auto_warmup(["placement.auto_warmup_steps=4"])
     (2, 4)
     """
-    from rlinf_hpc.config.schema import PlacementConfig
+    from rlinf_hpc.config.scheduling import PlacementConfig
 
     given = [s.split("=", 1)[1] for s in sets if s.startswith("placement.auto_warmup_steps=")]
     return int(given[-1]) if given else PlacementConfig.model_fields["auto_warmup_steps"].default
