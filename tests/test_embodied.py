@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -64,6 +65,10 @@ def test_bad_environments_are_user_errors(monkeypatch: pytest.MonkeyPatch) -> No
         check_env_id("Blackjack-v1")  # a Tuple observation space
     with pytest.raises(UserError, match="not accepted by gymnasium.make"):
         check_env_id("CartPole-v1", {"no_such_option": 1})
+    if importlib.util.find_spec("Box2D") is None:  # not a MuJoCo task: no MuJoCo advice (it had it)
+        with pytest.raises(UserError, match="not installed") as box2d:
+            check_env_id("CarRacing-v3")
+        assert "mujoco" not in str(box2d.value).lower() and "install what it names" in str(box2d.value)
     import gymnasium
 
     def missing(*args: object, **kwargs: object) -> None:

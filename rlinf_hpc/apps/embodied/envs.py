@@ -73,10 +73,12 @@ def check_env_id(env_id: str, options: dict[str, Any] | None = None) -> Spec:
     try:
         env = gym.make(env_id, **(options or {}))
     except (gym.error.DependencyNotInstalled, ImportError) as exc:
-        raise UserError(
-            f"env.id = '{env_id}' needs a package that is not installed ({exc}). For "
-            "MuJoCo tasks: pip install mujoco (the mujoco extra: pip install -e '.[mujoco]')."
-        ) from None
+        entry = str(getattr(gym.registry[env_id], "entry_point", ""))
+        fix = "install what it names, then run the job again"
+        if "mujoco" in entry or "mujoco" in str(exc).lower():  # (Box2D's say what they need)
+            fix = "pip install mujoco (the mujoco extra: pip install -e '.[mujoco]')"
+        needs = f"env.id = '{env_id}' needs a package that is not installed"
+        raise UserError(f"{needs} ({exc}): {fix}.") from None
     except TypeError as exc:
         raise UserError(f"env.options for '{env_id}' are not accepted by gymnasium.make: {exc}.") from None
     try:
