@@ -42,12 +42,13 @@ from rlinf_hpc.scheduler.profiles import profiles_from_step, stage_micro_batches
 log = get_logger("emulated")
 
 
-def sync_weights(coordinator: Coordinator, profile: Profile) -> float:
+def sync_weights(coordinator: Coordinator, profile: Profile, sync: int) -> float:
     """The policy trainer's (the first of the profile's ``train_stages``) rank 0 -> every rank of
-    the profile's ``sync_to`` stages, bandwidth-scaled."""
+    the profile's ``sync_to`` stages, bandwidth-scaled; a rank that holds sync ``sync``'s weights
+    already (the sender's, or another of its components received them) copies them locally."""
     started = time.monotonic()
-    push = coordinator.group(profile.train_stages[0]).subset([0]).call("send_weights")
-    pulls = [coordinator.group(name).call("receive_weights") for name in profile.sync_to]
+    push = coordinator.group(profile.train_stages[0]).subset([0]).call("send_weights", sync)
+    pulls = [coordinator.group(name).call("receive_weights", sync) for name in profile.sync_to]
     push.result()
     for pull in pulls:
         pull.result()
@@ -120,7 +121,7 @@ def emulated_rl_flow(coordinator: Coordinator) -> dict[str, Any]:
         # the pipelines of the results (training first when off-policy), for the cost model
         ran = list(zip([ahead.training, ahead.generation] if ahead else pipes, results, strict=False))
         lengths = [item["length"] for item in items]
-        sync_s = sync_weights(coordinator, profile)
+        sync_s = sync_weights(coordinator, profile, step)
         coordinator_cpu_s = time.process_time() - cpu
         step_s = seconds + sync_s
         useful = sum(s["useful_s"] for r in results for stats in r.finished.values() for s in stats)

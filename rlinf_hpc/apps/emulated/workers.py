@@ -18,6 +18,11 @@ from rlinf_hpc.apps.emulated.profile_file import get_profile
 from rlinf_hpc.workers.base import Worker
 
 GB = 1e9
+#: A device-to-device copy of the weights (HBM-class bandwidth, GB/s): what a component pays for
+#: weights another component on its rank holds already.
+LOCAL_COPY_GBPS = 1000.0
+#: The weight sync whose weights this process (a rank: its components share it) holds.
+_HELD = {"sync": -1}
 #: Decode steps an emulated engine runs between admissions (new requests join the running batch
 #: at these boundaries; 20 steps are ~20 ms at the default time scale).
 ENGINE_QUANTUM = 20
@@ -179,12 +184,23 @@ class EmulatedStage(Worker):
         return stats
 
     # -- weight sync ---------------------------------------------------------------------------
-    def send_weights(self) -> float:
-        """Either side of a weight sync (bandwidth-scaled); returns the bytes moved."""
+    def send_weights(self, sync: int = 0) -> float:
+        """The trainer's side of weight sync ``sync`` (bandwidth-scaled); returns the bytes moved."""
         self._sleep(self.profile.sync_s)
+        _HELD["sync"] = sync
         return self.profile.weights_gb * GB
 
-    receive_weights = send_weights
+    def receive_weights(self, sync: int = 0) -> float:
+        """A destination's side: over the interconnect, or — where this rank holds the weights of
+        this sync already (it sent them, or a component beside this one received them) — a copy
+        on the device, as the real sync's process-local mailbox does (`rlinf_hpc.workers.weights`).
+        Returns the bytes that crossed the interconnect."""
+        if _HELD["sync"] == sync:
+            self._sleep(self.profile.weights_gb / LOCAL_COPY_GBPS)
+            return 0.0
+        self._sleep(self.profile.sync_s)
+        _HELD["sync"] = sync
+        return self.profile.weights_gb * GB
 
     # -- the emulated device -------------------------------------------------------------------
     def memory_fraction(self) -> float:
