@@ -27,7 +27,7 @@ light / 217 ms full). The stage models:
 
 Each stage has a device memory footprint: ``state_gb`` resident, ``gb_per_sample`` while it
 works on a micro-batch (KV cache, activations); weight sync moves ``weights_gb`` at
-``bandwidth_gbps``.
+``bandwidth_gbps`` to each rank once (a second component on a rank copies them on the device).
 """
 
 from __future__ import annotations
