@@ -584,6 +584,10 @@ def test_the_death_watch_names_a_crashed_rank_whose_exit_it_has_not_seen_yet(
     assert said.startswith("rlinf-hpc: rank 1 (alpha) on") and "Segmentation fault, in segfault" in said
     culprit = json.loads((tmp_path / "summary.json").read_text())["culprit"]
     assert (culprit["rank"], culprit["cause"], culprit["seen_first"]) == (1, "crash", [0]), culprit
+    # a crash after the first exit the watch saw may be that exit's consequence: not a candidate
+    (tmp_path / "summary.json").write_text(json.dumps({"run_id": "r1", "outcome": "running"}))
+    _report(tmp_path, "r1", [0], pids, [0], (beats / "rank-1.crash").stat().st_mtime - 1.0)
+    assert capsys.readouterr().err.startswith("rlinf-hpc: rank 0 (coordinator)")
 
 
 def test_mpich_segment_names_are_removed_once_attached_and_nothing_else() -> None:

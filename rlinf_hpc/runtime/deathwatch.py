@@ -36,7 +36,7 @@ import sys
 import time
 from pathlib import Path
 
-from rlinf_hpc.runtime.crashes import crash_cause
+from rlinf_hpc.runtime.crashes import crash_cause, crash_file
 from rlinf_hpc.runtime.heartbeat import HEARTBEATS, culprit_of, death_of, read_heartbeat, record_culprit
 from rlinf_hpc.runtime.ownership import pid_alive
 
@@ -109,6 +109,7 @@ def watch(run_dir: Path, run_id: str, pids: dict[int, int]) -> None:
     woke = [rank for rank in gone if not _left(run_dir, rank)]
     first: list[int] = []
     seen_first: list[int] = []
+    seen_at = time.time()
     while not first and (fds or woke):
         # exits seen in one wake-up cannot be ordered: all of them are named as candidates
         for fd, _ in poller.poll(0 if woke else 1000):
@@ -119,7 +120,7 @@ def watch(run_dir: Path, run_id: str, pids: dict[int, int]) -> None:
                 woke.append(rank)
         first, woke = sorted(woke), []  # the first wake-up's exits lead, in rank order
         _record_exits(run_dir, first)
-        seen_first = list(first)
+        seen_first, seen_at = list(first), time.time()
         if first:  # a killed process whose threads are still being torn down is a zombie
             # already but not yet reported by its pidfd: a rank that saw it dead and exited at
             # once was seen first (a worker named for a killed rank 0, in CI under load)
@@ -140,7 +141,7 @@ def watch(run_dir: Path, run_id: str, pids: dict[int, int]) -> None:
             _record_exits(run_dir, later)
             first += later
     if first:  # in the order seen: the launcher ends the others only after the first exit
-        _report(run_dir, run_id, first, pids, seen_first)
+        _report(run_dir, run_id, first, pids, seen_first, seen_at)
     for fd in fds:  # the job ends with the culprit named: stop watching the rest
         os.close(fd)
 
@@ -162,13 +163,26 @@ def _exiting(pid: int) -> bool:
         return False
 
 
+def _written_by(beats: Path, rank: int, moment: float | None) -> bool:
+    """Rank ``rank``'s crash file was last written at or before ``moment`` (None: any time)."""
+    try:
+        return moment is None or crash_file(beats, rank).stat().st_mtime <= moment
+    except OSError:
+        return False
+
+
 def _left(run_dir: Path, rank: int) -> bool:
     """The rank said it left the job (a normal exit)."""
     return bool((read_heartbeat(run_dir / HEARTBEATS / f"rank-{rank}.json") or {}).get("left"))
 
 
 def _report(
-    run_dir: Path, run_id: str, ranks: list[int], pids: dict[int, int], seen_first: list[int]
+    run_dir: Path,
+    run_id: str,
+    ranks: list[int],
+    pids: dict[int, int],
+    seen_first: list[int],
+    seen_at: float | None = None,
 ) -> None:
     """Name ``ranks[0]`` as the rank that died; the others exited in the same moment, so any
     of them may have been first: they are named with it (never a wrong culprit with certainty).
@@ -183,8 +197,13 @@ def _report(
         return  # another run's directory now, or this run ended with its own account
     # a crash file is written before the crashed rank's exit, which the launcher or MPI may
     # answer by ending the others first (CI: the coordinator was named alone for a segfault of
-    # rank 1, not yet seen exiting): a watched rank that crashed is a candidate all the same
-    crashed = [r for r in sorted(pids) if r not in ranks and crash_cause(run_dir / HEARTBEATS, r)]
+    # rank 1, not yet seen exiting): a watched rank that crashed before the first exit the
+    # watch saw (``seen_at``) is a candidate all the same — one that crashed after it may have
+    # crashed because of it (a peer's library on a link that went dead) and is not
+    beats = run_dir / HEARTBEATS
+    crashed = [
+        r for r in sorted(pids) if r not in ranks and crash_cause(beats, r) and _written_by(beats, r, seen_at)
+    ]
     ranks = ranks + crashed
     host = socket.gethostname()
     records = {r: read_heartbeat(run_dir / HEARTBEATS / f"rank-{r}.json") or {} for r in ranks}
