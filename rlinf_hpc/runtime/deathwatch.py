@@ -112,12 +112,7 @@ def watch(run_dir: Path, run_id: str, pids: dict[int, int]) -> None:
     seen_at = time.time()
     while not first and (fds or woke):
         # exits seen in one wake-up cannot be ordered: all of them are named as candidates
-        for fd, _ in poller.poll(0 if woke else 1000):
-            rank = fds.pop(fd)
-            poller.unregister(fd)
-            os.close(fd)
-            if not _left(run_dir, rank):
-                woke.append(rank)
+        woke += _exits_ready(poller, fds, 0 if woke else 1000, run_dir)
         first, woke = sorted(woke), []  # the first wake-up's exits lead, in rank order
         _record_exits(run_dir, first)
         seen_first, seen_at = list(first), time.time()
@@ -131,19 +126,26 @@ def watch(run_dir: Path, run_id: str, pids: dict[int, int]) -> None:
             first += exiting
             # a large process (the coordinator) can take longer to tear down than the small
             # ones that saw its sockets close: exits within the next moment count with these
-            later = []
-            for fd, _ in poller.poll(300):
-                rank = fds.pop(fd)
-                poller.unregister(fd)
-                os.close(fd)
-                if rank not in first and not _left(run_dir, rank):
-                    later.append(rank)
+            later = [r for r in _exits_ready(poller, fds, 300, run_dir) if r not in first]
             _record_exits(run_dir, later)
             first += later
     if first:  # in the order seen: the launcher ends the others only after the first exit
         _report(run_dir, run_id, first, pids, seen_first, seen_at)
     for fd in fds:  # the job ends with the culprit named: stop watching the rest
         os.close(fd)
+
+
+def _exits_ready(poller: select.poll, fds: dict[int, int], timeout_ms: int, run_dir: Path) -> list[int]:
+    """The watched ranks whose exit is ready within ``timeout_ms`` (their pidfds closed and no
+    longer watched), less those that left the job normally."""
+    ranks = []
+    for fd, _ in poller.poll(timeout_ms):
+        rank = fds.pop(fd)
+        poller.unregister(fd)
+        os.close(fd)
+        if not _left(run_dir, rank):
+            ranks.append(rank)
+    return ranks
 
 
 #: ``PF_EXITING`` in /proc/PID/stat's flags: the process has begun to exit.
@@ -206,7 +208,7 @@ def _report(
     ]
     ranks = ranks + crashed
     host = socket.gethostname()
-    records = {r: read_heartbeat(run_dir / HEARTBEATS / f"rank-{r}.json") or {} for r in ranks}
+    records = {r: read_heartbeat(beats / f"rank-{r}.json") or {} for r in ranks}
     roles = {r: records[r].get("roles") or ("coordinator" if r == 0 else "no component") for r in ranks}
     doing = {r: records[r].get("activity") or "idle" for r in ranks}
     said = {r: f"rank {r} ({roles[r]}) on {host}, pid {pids[r]}, died while in {doing[r]}" for r in ranks}
@@ -214,7 +216,7 @@ def _report(
         death_of(
             r,
             {**records[r], "roles": roles[r], "host": host, "pid": pids[r]},
-            heartbeats=run_dir / HEARTBEATS,
+            heartbeats=beats,
         )
         for r in ranks
     ]
