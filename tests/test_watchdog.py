@@ -533,6 +533,52 @@ def test_the_death_watch_counts_a_zombie_or_an_exiting_process_as_gone() -> None
     assert _exiting(child.pid)  # reaped: gone
 
 
+def test_a_killed_thread_or_a_pending_sigkill_counts_as_exiting(tmp_path: Path) -> None:
+    """A killed process that has not run since (SIGKILL pending, in the process's or a thread's
+    mask) or one of whose threads has begun to exit is counted with the exits the watch saw."""
+    from rlinf_hpc.runtime.deathwatch import _task_exiting
+
+    def proc(name: str, flags: int, sig: str = "0000000000000000", shd: str = "0000000000000000") -> Path:
+        task = tmp_path / name
+        task.mkdir()
+        (task / "stat").write_text(f"4242 (py (x) y) S 1 4242 4242 0 -1 {flags} 0 0\n")
+        (task / "status").write_text(f"Name:\tpy\nSigPnd:\t{sig}\nShdPnd:\t{shd}\nSigBlk:\t{'f' * 16}\n")
+        return task
+
+    assert not _task_exiting(proc("running", 0x400000))
+    assert not _task_exiting(proc("sigterm", 0x400000, shd="0000000000004000"))  # not SIGKILL
+    assert _task_exiting(proc("exiting", 0x400004))  # PF_EXITING
+    assert _task_exiting(proc("shared", 0x400000, shd="0000000000000100"))  # kill(): the process
+    assert _task_exiting(proc("thread", 0x400000, sig="0000000000004100"))  # a thread's own
+    assert not _task_exiting(tmp_path / "gone")
+
+
+def test_ranks_found_ending_as_the_first_exit_was_seen_are_named_apart(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Under mpiexec the launcher kills the other ranks at the first exit, before the watch
+    looks: a killed worker was reported with every other rank "in the same instant". The ranks
+    the watch saw exit together and those it found ending are told apart in the message."""
+    from rlinf_hpc.runtime.deathwatch import _report
+
+    beats = tmp_path / "heartbeats"
+    beats.mkdir()
+    (tmp_path / "summary.json").write_text(json.dumps({"run_id": "r1", "outcome": "running"}))
+    for rank, roles in ((0, None), (1, "alpha"), (2, "beta"), (3, "gamma")):
+        record = {"rank": rank, "pid": 100 + rank, "roles": roles, "activity": f"{roles}.run_stage"}
+        (beats / f"rank-{rank}.json").write_text(json.dumps(record))
+    pids = {0: 100, 1: 101, 2: 102, 3: 103}
+    _report(tmp_path, "r1", [2, 3, 0, 1], pids, [2, 3])
+    said = capsys.readouterr().err
+    assert said.startswith("rlinf-hpc: rank 2 (beta) on"), said
+    together, _, after = said.partition("ending as it was seen")
+    assert "in the same instant: rank 3 (gamma, pid 103, in gamma.run_stage)" in together, said
+    assert "rank 0 (coordinator, pid 100" in after and "rank 1 (alpha, pid 101" in after, said
+    assert "rank 0" not in together and "any of them may have been first" in after, said
+    culprit = json.loads((tmp_path / "summary.json").read_text())["culprit"]
+    assert culprit["rank"] == 2 and [c["rank"] for c in culprit["simultaneous"]] == [3, 0, 1], culprit
+
+
 def test_ranks_dead_before_the_death_watch_began_are_its_first_wake_up(tmp_path: Path) -> None:
     """Under load the helper starts late: the coordinator, ended by the launcher for a crashed
     rank 1, was dead already, and the watch named it alone without looking at the ranks still
@@ -553,7 +599,7 @@ def test_ranks_dead_before_the_death_watch_began_are_its_first_wake_up(tmp_path:
         watch = subprocess.run(helper, capture_output=True, text=True, timeout=30)
     finally:
         zombie.wait()
-    assert "in the same instant: rank 1 (alpha)" in watch.stderr, watch.stderr
+    assert "in the same instant: rank 1 (alpha, pid" in watch.stderr, watch.stderr
     culprit = json.loads((tmp_path / "summary.json").read_text())["culprit"]
     assert culprit["seen_first"] == [0, 1], culprit
 

@@ -10,7 +10,8 @@ named — unless the job recorded its own culprit first — on stderr, in ``even
 ``summary.json`` (``culprit``), with why where the node says: the kernel's OOM killer
 (`rlinf_hpc.runtime.oomkill`; the culprit's ``cause`` and ``cause_detail``). Exits the helper
 sees in one wake-up cannot be ordered (nor a watched rank it then finds a zombie: killed, its
-threads still being torn down, its pidfd not yet ready): it names all of them, as candidates
+threads still being torn down, its pidfd not yet ready, or SIGKILL pending): it names all of
+them, as candidates
 (before, it named one: on a loaded 2-core box rank 0 or 1 for a killed rank 2, in about one run
 in three); it raises its own priority where it may, so that it usually wakes at the first exit
 alone, before the launcher has ended the others. Ranks already dead when it starts (late,
@@ -120,7 +121,8 @@ def watch(run_dir: Path, run_id: str, pids: dict[int, int]) -> None:
             # already but not yet reported by its pidfd: a rank that saw it dead and exited at
             # once was seen first (a worker named for a killed rank 0, in CI under load)
             # — or not a zombie yet, still tearing down (a killed coordinator with its threads and
-            # memory, while the workers that saw its sockets close had exited already: CI)
+            # memory, while the workers that saw its sockets close had exited already: CI), or
+            # killed and not yet run since (SIGKILL pending)
             exiting = [r for r in fds.values() if _exiting(pids[r]) and not _left(run_dir, r)]
             _record_exits(run_dir, exiting)
             first += exiting
@@ -150,17 +152,32 @@ def _exits_ready(poller: select.poll, fds: dict[int, int], timeout_ms: int, run_
 
 #: ``PF_EXITING`` in /proc/PID/stat's flags: the process has begun to exit.
 _PF_EXITING = 0x4
+#: SIGKILL's bit in /proc/PID/status's pending-signal masks.
+_SIGKILL_BIT = 1 << (signal.SIGKILL - 1)
 
 
 def _exiting(pid: int) -> bool:
-    """The process is gone, a zombie, or already exiting (killed, its threads still being torn
-    down: not a zombie yet, and its pidfd not ready)."""
+    """The process is gone, a zombie, already exiting (one of its threads has ``PF_EXITING``:
+    killed, its threads still being torn down, not a zombie yet and its pidfd not ready) or
+    about to (SIGKILL pending: killed, and not run since — on a loaded box a killed process can
+    wait that long)."""
     if not pid_alive(pid):
         return True
+    with contextlib.suppress(OSError):
+        if any(_task_exiting(Path(f"/proc/{pid}/task/{task}")) for task in os.listdir(f"/proc/{pid}/task")):
+            return True
+    return _task_exiting(Path(f"/proc/{pid}"))
+
+
+def _task_exiting(proc: Path) -> bool:
+    """The thread (or process) whose /proc directory is ``proc`` is exiting or has SIGKILL pending."""
     try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-        return bool(int(fields[6]) & _PF_EXITING)  # fields from the state on: flags is the 7th
+        fields = (proc / "stat").read_text(encoding="ascii").rsplit(")", 1)[1].split()
+        if int(fields[6]) & _PF_EXITING:  # fields from the state on: flags is the 7th
+            return True
+        status = (proc / "status").read_text(encoding="ascii").splitlines()
+        masks = [line.split()[1] for line in status if line.startswith(("SigPnd:", "ShdPnd:"))]
+        return any(int(mask, 16) & _SIGKILL_BIT for mask in masks)
     except (OSError, IndexError, ValueError):
         return False
 
@@ -211,7 +228,6 @@ def _report(
     records = {r: read_heartbeat(beats / f"rank-{r}.json") or {} for r in ranks}
     roles = {r: records[r].get("roles") or ("coordinator" if r == 0 else "no component") for r in ranks}
     doing = {r: records[r].get("activity") or "idle" for r in ranks}
-    said = {r: f"rank {r} ({roles[r]}) on {host}, pid {pids[r]}, died while in {doing[r]}" for r in ranks}
     problems = [
         death_of(
             r,
@@ -231,11 +247,16 @@ def _report(
     if problem.get("cause", {}).get("certain"):
         others = []  # the kernel killed this one: the others exited because it did
     also = ""
-    if others:
-        also = (
-            f"; in the same instant: {'; '.join(said[r] for r in others)} — any of them may have been first"
-        )
-    sys.stderr.write(f"rlinf-hpc: {said[rank]}: {why}{also}; the other ranks ended with it\n")
+    if others:  # those exited in the wake-up that saw it, then those found ending as it was seen
+        short = {r: f"rank {r} ({roles[r]}, pid {pids[r]}, in {doing[r]})" for r in others}
+        together = [short[r] for r in others if r in seen_first]
+        after = [short[r] for r in others if r not in seen_first]
+        parts = [f"in the same instant: {'; '.join(together)}"] if together else []
+        if after:  # under mpiexec the launcher kills the others at the first exit, before this looks
+            parts.append(f"ending as it was seen (most likely ended because of it): {'; '.join(after)}")
+        also = f"; {'; '.join(parts)} — any of them may have been first"
+    said = f"rank {rank} ({roles[rank]}) on {host}, pid {pids[rank]}, died while in {doing[rank]}"
+    sys.stderr.write(f"rlinf-hpc: {said}: {why}{also}; the other ranks ended with it\n")
     sys.stderr.flush()
     culprit = {**culprit_of(problem), "activity": doing[rank], "seen_first": list(seen_first)}
     if others:
