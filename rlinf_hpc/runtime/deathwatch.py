@@ -252,8 +252,9 @@ def _report(
         together = [short[r] for r in others if r in seen_first]
         after = [short[r] for r in others if r not in seen_first]
         parts = [f"in the same instant: {'; '.join(together)}"] if together else []
-        if after:  # under mpiexec the launcher kills the others at the first exit, before this looks
-            parts.append(f"ending as it was seen (most likely ended because of it): {'; '.join(after)}")
+        if after:  # under mpiexec the launcher kills the others at the first exit, before this
+            # looks — but under load a killed rank's own exit was seen after the coordinator's
+            parts.append(f"already ending when it was seen: {'; '.join(after)}")
         also = f"; {'; '.join(parts)} — any of them may have been first"
     said = f"rank {rank} ({roles[rank]}) on {host}, pid {pids[rank]}, died while in {doing[rank]}"
     sys.stderr.write(f"rlinf-hpc: {said}: {why}{also}; the other ranks ended with it\n")
