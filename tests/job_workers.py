@@ -448,7 +448,9 @@ def _print_digests(coordinator: Coordinator) -> None:
 def grpo_interrupt_flow(coordinator: Coordinator) -> Any:
     """The math GRPO flow, interrupted once step ``flow.options.after_step`` finished:
     ``interrupt = "usr2"`` sends SIGUSR2 to the coordinator (the SLURM signal's path: save at
-    that step boundary and stop); ``"kill"`` lets the next step start and then kills the
+    that step boundary and stop); ``"term"`` lets the next step start and then sends SIGTERM to
+    every rank, as scancel does (``checkpoint.sigterm_save_s``: saved at the next boundary);
+    ``"kill"`` lets the next step start and then kills the
     ``flow.options.victim`` component's rank 0 with SIGKILL (mid-step). Prints the digests at
     the end, as `grpo_digest_flow` does."""
     import signal
@@ -462,6 +464,14 @@ def grpo_interrupt_flow(coordinator: Coordinator) -> Any:
     checkpoints = checkpoints_of(coordinator)
     original = checkpoints.step_finished
     victim = coordinator.group(options.get("victim", "actor")).call("describe").result()[0]["pid"]
+    every_pid = sorted(  # once each: a second SIGTERM stops at once
+        {os.getpid()}
+        | {
+            d["pid"]
+            for name in coordinator.placement.groups
+            for d in coordinator.group(name).call("describe").result()
+        }
+    )
 
     def step_finished(step: int, *args: Any, **kwargs: Any) -> None:
         first_run = checkpoints.resumed_step == 0
@@ -470,6 +480,12 @@ def grpo_interrupt_flow(coordinator: Coordinator) -> Any:
         original(step, *args, **kwargs)
         if first_run and step == after and how == "kill":
             threading.Timer(float(options.get("delay_s", 0.05)), os.kill, (victim, signal.SIGKILL)).start()
+        if first_run and step == after and how == "term":
+            threading.Timer(float(options.get("delay_s", 0.05)), _terminate, (every_pid,)).start()
+
+    def _terminate(pids: list[int]) -> None:
+        for pid in pids:
+            os.kill(pid, signal.SIGTERM)
 
     checkpoints.step_finished = step_finished  # type: ignore[method-assign]
     force = options.get("force_auto")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -154,6 +155,38 @@ def test_interrupted_run_resumes_bitwise_equal(
     assert summary["resumed_from_step"] == resumed_from and summary["outcome"] == "ok"
     _assert_same_state(_final(references[scenario]), _final(run_dir))
     assert _metrics(run_dir) == _metrics(references[scenario])  # no gaps, no duplicates
+
+
+def test_a_sigterm_with_a_grace_saves_the_next_step_boundary_and_the_resume_ends_equal(
+    tmp_path: Path, references: _References
+) -> None:
+    """``checkpoint.sigterm_save_s``: scancel's SIGTERM (every rank gets it) mid-step saves the
+    step it lands in, stops with exit 3 and is not requeued; the resume ends bitwise equal."""
+    np, sets = SCENARIOS["disaggregated"]
+    run_dir = tmp_path / "run"
+    sets = [*BASE, *sets, "checkpoint.sigterm_save_s=30", *_interrupt("term", 3)]
+    first = _job(run_dir, np, sets)
+    assert first.returncode == EXIT_SAVED_AND_STOPPED, first.output
+    saved = re.search(r"saved step (\d+) and stopped \(signal SIGTERM\)", first.output)
+    assert saved and int(saved.group(1)) in (4, 5), first.output  # the step it landed in (or the next)
+    assert "received SIGTERM: saving the next step boundary" in first.output, first.output
+    assert json.loads((run_dir / "summary.json").read_text())["outcome"] == "checkpointed"
+    second = _job(run_dir, np, sets)
+    assert second.returncode == 0, second.output
+    assert f"(step {saved.group(1)}, saved for: signal SIGTERM)" in second.output, second.output
+    _assert_same_state(_final(references["disaggregated"]), _final(run_dir))
+    assert _metrics(run_dir) == _metrics(references["disaggregated"])  # no gaps, no duplicates
+
+
+def test_a_sigterm_whose_grace_ends_before_a_step_boundary_stops_as_without_one(tmp_path: Path) -> None:
+    """Past ``checkpoint.sigterm_save_s`` the job stops as a SIGTERM always did (143), saving
+    nothing more; the periodic checkpoint stays the one to resume from."""
+    np, sets = SCENARIOS["disaggregated"]
+    run_dir = tmp_path / "run"
+    first = _job(run_dir, np, [*BASE, *sets, "checkpoint.sigterm_save_s=0.001", *_interrupt("term", 3)])
+    assert first.returncode == 143, first.output
+    assert "saved step" not in first.output and "stopping every rank" in first.output, first.output
+    assert [p.name for p in sorted((run_dir / "checkpoints").glob("step-*[0-9]"))] == ["step-00000002"]
 
 
 def test_resume_at_an_epoch_boundary_of_the_data(tmp_path: Path) -> None:

@@ -41,6 +41,16 @@ class CheckpointConfig(_Section):
     signal_seconds: int = Field(
         120, ge=10, description="`rlinf-hpc submit`: ask SLURM for SIGUSR2 this many seconds before the end."
     )
+    sigterm_save_s: float = Field(
+        0.0,
+        ge=0,
+        le=3600,
+        description="On a first SIGTERM (scancel; a preemption's notice where SLURM does not "
+        "send the job's own signal) go on to the next step boundary, save it and stop (exit 3, "
+        "never requeued from the job) if it comes within this many seconds, else stop as "
+        "without it; a second SIGTERM stops at once. 0: stop at once. Keep it under SLURM's "
+        "KillWait (30 s by default) or the partition's GraceTime, less a save's time.",
+    )
     requeue: bool = Field(
         True, description="Inside SLURM: after a deadline/signal save, `scontrol requeue` the job."
     )

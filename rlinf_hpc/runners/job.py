@@ -36,7 +36,7 @@ from rlinf_hpc.runtime.console import print_table
 from rlinf_hpc.runtime.events import EventLog
 from rlinf_hpc.runtime.heartbeat import Heartbeat
 from rlinf_hpc.runtime.rundir import RunDirectory, default_run_dir
-from rlinf_hpc.runtime.signals import ignore_interrupts, install_signal_handlers
+from rlinf_hpc.runtime.signals import defer_sigterm, ignore_interrupts, install_signal_handlers
 from rlinf_hpc.runtime.stragglers import StragglerDetector, make_straggler_hook
 from rlinf_hpc.runtime.timeline import Timeline, write_spans
 from rlinf_hpc.scheduler import Coordinator, placement_rows
@@ -112,6 +112,8 @@ def _run_job(request: JobRequest, where: list[Path]) -> int:
     where.append(run_path)
     nccl.configure(run_path)  # before any process group: NCCL's failures land in the run dir
     setup_logging(control.rank, "coord" if control.rank == 0 else "worker", config.job.log_level)
+    if config.checkpoint.enabled:  # a first SIGTERM saves the next step boundary, if it comes soon
+        defer_sigterm(config.checkpoint.sigterm_save_s, coordinator=control.rank == 0)
     seed_process(config.job.seed, control.rank)
     infos = control.gather_to_coordinator(local_rank_info(control.rank, environment))
     comm = DataPlane(options=CommOptions(verify=config.comm.verify))  # collective: every rank, same order
@@ -155,6 +157,10 @@ def _coordinate(
     coordinator = Coordinator(config, control, slots, comm, recorder=events.write)
     coordinator.run_dir = run_dir
     watchdog = start_watchdog(config, control.size, directory, events, started)
+    if config.checkpoint.enabled and watchdog is not None:  # srun's SIGTERM after a task died:
+        check = watchdog.check  # name the dead at once
+        grace = config.checkpoint.sigterm_save_s
+        defer_sigterm(grace, True, lambda: any(p["kind"] == "died" for p in check()))
     if config.watchdog.enabled:
         coordinator.step_hooks.append(memory_hook(config, coordinator, directory.path, events))
         detector = StragglerDetector(config.watchdog.straggler_window, config.watchdog.straggler_ratio)

@@ -29,7 +29,9 @@ def exit_code_after_stop(
             "more time or lower checkpoint.deadline_margin_s)", stop.step,
         )  # fmt: skip
         return EXIT_NO_PROGRESS
-    if allocation is None or not settings.requeue:
+    if allocation is None or not settings.requeue or stop.reason == "signal SIGTERM":
+        # a SIGTERM (`checkpoint.sigterm_save_s`) is scancel's, or a preemption's that SLURM
+        # requeues itself: never requeued from here
         log.warning(
             "saved step %d and stopped (%s); run the same command again to resume", stop.step, stop.reason
         )
