@@ -276,3 +276,47 @@ print("errors", len(errors), errors[:1])
 """
     out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True).stdout
     assert out.startswith("errors 0 "), out
+
+
+_DEFERRED_SIGTERM = """
+import os, signal, sys, time
+from rlinf_hpc.errors import JobInterrupted
+from rlinf_hpc.runtime import signals
+signals.install_signal_handlers()
+case = sys.argv[1]
+signals.defer_sigterm(0.3 if case in ("expiry", "left") else 30.0, coordinator=True,
+                      dead=(lambda: True) if case == "dead" else None)
+try:
+    os.kill(os.getpid(), signal.SIGTERM)
+    if case == "second":
+        time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)
+    elif case == "left":  # the rank leaves before the grace ends: its timer must not fire
+        signals.ignore_interrupts()
+    for _ in range(100):
+        time.sleep(0.01)
+except JobInterrupted as exc:
+    print("raised", exc.signal_name, "stop", signals.stop_requested())
+else:
+    print("went on", "stop", signals.stop_requested())
+"""
+
+
+@pytest.mark.parametrize(
+    ("case", "said"),
+    [
+        ("flag", "went on stop SIGTERM"),  # the coordinator saves the next step boundary
+        ("second", "raised SIGTERM stop SIGTERM"),  # a second SIGTERM stops at once
+        ("expiry", "raised SIGTERM stop SIGTERM"),  # no step boundary within the grace
+        ("dead", "raised SIGTERM stop None"),  # srun's SIGTERM after a task died: name it now
+        ("left", "went on stop SIGTERM"),
+    ],
+)
+def test_a_deferred_sigterm_flags_a_save_and_raises_on_a_second_signal_or_past_its_grace(
+    case: str, said: str
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _DEFERRED_SIGTERM, case], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == said, (done.stdout, done.stderr)
