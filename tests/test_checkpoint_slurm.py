@@ -105,3 +105,35 @@ def test_signal_save_requeue_resume_ends_equal_to_an_uninterrupted_run(tmp_path:
     assert "restart 1" in log and "resumed from" in log and "job 'math-grpo-tiny' finished" in log, log
     _assert_same_state(_final(reference), _final(run_dir))
     assert _metrics(run_dir) == _metrics(reference)
+
+
+@pytest.mark.timeout(600)
+def test_scancel_with_a_sigterm_grace_saves_the_step_and_is_not_requeued(tmp_path: Path) -> None:
+    """``checkpoint.sigterm_save_s``: a plain ``scancel`` (SIGTERM to every task, SIGKILL after
+    KillWait) saves the step it landed in, the job ends cancelled and is not requeued, and the
+    same command resumes from that step."""
+    args = [item for s in [*SETS, "checkpoint.sigterm_save_s=20"] for item in ("--set", s)]
+    config = str(CONFIGS / "math_grpo_tiny.toml")
+    run_dir = tmp_path / "long"
+    submitted = rlinf("submit", config, "--run-dir", str(run_dir), "--time", "00:20:00", *args, timeout=60)
+    assert submitted.returncode == 0, submitted.output
+    job_id = re.search(r"submitted job (\d+)", submitted.stdout).group(1)  # type: ignore[union-attr]
+    metrics = run_dir / "metrics.jsonl"
+    log = run_dir / f"slurm-{job_id}.out"
+    try:
+        five = lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 5  # noqa: E731
+        _wait_for("5 steps", five, 150, (job_id, log))
+        cancel = run_command(["scancel", job_id], timeout=30)
+        assert cancel.returncode == 0, cancel.output
+        _wait_for("the job to end", lambda: _job_field(job_id, "JobState") == "CANCELLED", 90, (job_id, log))
+        _wait_for("its log", lambda: "and stopped (signal SIGTERM)" in log.read_text(), 30, (job_id, log))
+    finally:
+        run_command(["scancel", job_id], timeout=30)
+    saved = re.search(r"saved step (\d+) and stopped \(signal SIGTERM\)", log.read_text())
+    assert saved and (run_dir / "checkpoints" / f"step-{int(saved.group(1)):08d}").is_dir(), log.read_text()
+    assert _job_field(job_id, "Restarts") == "0" and "requeueing" not in log.read_text()
+    resumed = rlinf(
+        "run", str(run_dir / "submitted.toml"), "--np", "2", "--run-dir", str(run_dir), timeout=240
+    )
+    assert resumed.returncode == 0, resumed.output
+    assert f"(step {saved.group(1)}, saved for: signal SIGTERM)" in resumed.output, resumed.output
