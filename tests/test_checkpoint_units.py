@@ -223,8 +223,28 @@ def test_requeue_decisions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     assert json.loads((tmp_path / "requeues.json").read_text()) == {"timeouts": 2, "preemptions": 1}
     assert _stop_manager(tmp_path, None).exit_code_after_stop(stop()) == EXIT_SAVED_AND_STOPPED
     assert _stop_manager(tmp_path, preempted, requeue="false").exit_code_after_stop(stop()) == 3
+    # a SIGTERM save (checkpoint.sigterm_save_s) is scancel's, or a preemption SLURM requeues itself
+    assert preempt.exit_code_after_stop(stop("signal SIGTERM")) == EXIT_SAVED_AND_STOPPED
+    assert asked == ["9", "9", "9"]
     monkeypatch.setattr(module, "can_requeue", lambda: False)
     assert _stop_manager(tmp_path, preempted).exit_code_after_stop(stop()) == EXIT_SAVED_AND_STOPPED
+
+
+def test_a_sigterm_grace_not_under_the_clusters_kill_wait_is_warned_of(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from rlinf_hpc.runtime.checkpoint import manager as module
+
+    monkeypatch.setattr(module, "kill_wait_s", lambda: 30.0)
+    now = time.time()
+    for grace, warned in ((20, False), (30, True), (0, False)):
+        caplog.clear()
+        manager = _stop_manager(tmp_path, Allocation("9", now - 60, now + 3540), sigterm_save_s=grace)
+        manager.open()
+        manager.close()
+        said = [r.getMessage() for r in caplog.records if "KillWait" in r.getMessage()]
+        assert bool(said) == warned, (grace, said)
+        assert all("KillWait (30 s)" in text and "lower it below 30 s" in text for text in said), said
 
 
 def test_torch_is_seeded_on_import_when_a_rank_seeds_before_it() -> None:

@@ -80,6 +80,25 @@ def scontrol_job(job_id: str) -> dict[str, str]:
     return dict(_FIELD.findall(out.stdout)) if out.returncode == 0 else {}
 
 
+def kill_wait_s(config_text: str | None = None) -> float | None:
+    r"""SLURM's ``KillWait`` (seconds between a job's SIGTERM and its SIGKILL), from ``scontrol
+    show config`` or ``config_text``; None where it cannot be read.
+
+    >>> kill_wait_s("KillOnBadExit           = 0\nKillWait                = 30 sec\n")
+    30.0
+    """
+    if config_text is None:
+        if shutil.which("scontrol") is None:
+            return None
+        try:
+            out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=20)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        config_text = out.stdout if out.returncode == 0 else ""
+    match = re.search(r"^KillWait\s*=\s*(\d+)", config_text, re.MULTILINE)
+    return float(match.group(1)) if match else None
+
+
 def read_allocation(env: Mapping[str, str] | None = None) -> Allocation | None:
     """The allocation of this SLURM job, or None outside SLURM."""
     env = os.environ if env is None else env

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlinf_hpc.cluster.allocation import Allocation, can_requeue
+from rlinf_hpc.cluster.allocation import Allocation, can_requeue, kill_wait_s
 from rlinf_hpc.config import Config
 from rlinf_hpc.errors import (
     CheckpointStop,
@@ -115,6 +115,14 @@ class CheckpointManager:
                 "inside SLURM job %s but scontrol is not available: after a deadline save the job "
                 "cannot requeue itself; chain jobs with `sbatch --dependency=singleton` instead "
                 "(README, Long jobs)", self.allocation.job_id,
+            )  # fmt: skip
+        grace = self.settings.sigterm_save_s
+        kill_wait = kill_wait_s() if self.allocation is not None and grace > 0 else None
+        if kill_wait is not None and grace >= kill_wait:
+            log.warning(
+                "checkpoint.sigterm_save_s = %g s is not under this cluster's KillWait (%g s): a "
+                "scancel's SIGKILL may come before the save (a preemption's GraceTime may be "
+                "longer); lower it below %g s less a save's time", grace, kill_wait, kill_wait,
             )  # fmt: skip
         self.target = find_resume_target(self.store, self.resume_mode)
         if self.target is not None:
