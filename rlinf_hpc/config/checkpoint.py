@@ -49,7 +49,8 @@ class CheckpointConfig(_Section):
         "send the job's own signal) go on to the next step boundary, save it and stop (exit 3, "
         "never requeued from the job) if it comes within this many seconds, else stop as "
         "without it; a second SIGTERM stops at once. 0: stop at once. Keep it under SLURM's "
-        "KillWait (30 s by default) or the partition's GraceTime, less a save's time.",
+        "KillWait (30 s by default) or the partition's GraceTime, less a save's time. A flow "
+        "that saves no checkpoints (emulated_rl, the examples) stops when the grace ends.",
     )
     requeue: bool = Field(
         True, description="Inside SLURM: after a deadline/signal save, `scontrol requeue` the job."
