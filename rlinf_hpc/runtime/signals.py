@@ -80,8 +80,7 @@ def defer_sigterm(grace_s: float, coordinator: bool, dead: Callable[[], bool] | 
 
 
 def _defer(signum: int, frame: FrameType | None) -> None:
-    dead = _deferral["dead"]
-    if _deferral["pending"] or (dead is not None and dead()):
+    if _deferral["pending"] or _any_dead(_deferral["dead"]):
         _raise_interrupted(signum, frame)  # a second SIGTERM, or a rank that died: stop now
     _deferral["pending"] = True
     grace = _deferral["grace_s"] + (0.0 if _deferral["coordinator"] else WORKER_GRACE_MARGIN_S)
@@ -95,6 +94,14 @@ def _defer(signum: int, frame: FrameType | None) -> None:
         "saving the next step boundary" if _deferral["coordinator"] else "going on to the coordinator's save",
         grace,
     )  # fmt: skip
+
+
+def _any_dead(dead: Callable[[], bool] | None) -> bool:
+    """``dead()``, False where it cannot tell (a handler must not raise anything else)."""
+    try:
+        return dead is not None and bool(dead())
+    except Exception:  # noqa: BLE001 - unreadable heartbeats: defer as asked
+        return False
 
 
 def _grace_over(signum: int, frame: FrameType | None) -> None:
