@@ -12,12 +12,13 @@ named — unless the job recorded its own culprit first — on stderr, in ``even
 sees in one wake-up cannot be ordered (nor a watched rank it then finds a zombie: killed, its
 threads still being torn down, its pidfd not yet ready, or SIGKILL pending): it names all of
 them, as candidates (before, it named one: on a loaded 2-core box rank 0 or 1 for a killed rank
-2, in about one run in three), those it saw exit apart from those it found ending; it raises its own priority where it may, so that it usually wakes at the first exit
-alone, before the launcher has ended the others. Ranks already dead when it starts (late,
-under load) are such a wake-up too, and a watched rank that left a crash file is a candidate
-before its exit shows: the file is written before the crashed process ends, and the launcher may
-end the others first. It exits once it has named a culprit or every
-watched process left normally. Rank 0 starts it once the placement is known; ranks on other
+2, in about one run in three), those it saw exit apart from those it found ending. It raises
+its own priority where it may, so that it usually wakes at the first exit alone — under mpiexec
+Hydra's kills of the others land before it looks all the same. Ranks already dead when it
+starts (late, under load) are such a wake-up too, and a watched rank that left a crash file is a
+candidate before its exit shows: the file is written before the crashed process ends, and the
+launcher may end the others first. It exits once it has named a culprit or every watched
+process left normally. Rank 0 starts it once the placement is known; ranks on other
 nodes are not watched by it.
 
     python -m rlinf_hpc.runtime.deathwatch RUN_DIR RUN_ID '{"2": 1234, ...}'
