@@ -158,9 +158,7 @@ def _coordinate(
     coordinator.run_dir = run_dir
     watchdog = start_watchdog(config, control.size, directory, events, started)
     if config.checkpoint.enabled and watchdog is not None:  # srun's SIGTERM after a task died:
-        check = watchdog.check  # name the dead at once
-        grace = config.checkpoint.sigterm_save_s
-        defer_sigterm(grace, True, lambda: any(p["kind"] == "died" for p in check()))
+        defer_sigterm(config.checkpoint.sigterm_save_s, True, lambda: bool(watchdog.dead()))  # name it now
     if config.watchdog.enabled:
         coordinator.step_hooks.append(memory_hook(config, coordinator, directory.path, events))
         detector = StragglerDetector(config.watchdog.straggler_window, config.watchdog.straggler_ratio)

@@ -123,9 +123,13 @@ class Watchdog:
     def fail_if_dead(self, then: str) -> None:
         """End the job now, naming them, if ranks of this node have died (``then``: what
         happened next, for the message); returns if none has."""
-        dead = [p for p in self.check() if p["kind"] == "died"]
+        dead = self.dead()
         if dead:
             self._fail(dead, f"; {then}")
+
+    def dead(self) -> list[dict[str, Any]]:
+        """The problems of ranks that died (`check`'s ``died``), first seen first."""
+        return [p for p in self.check() if p["kind"] == "died"]
 
     def _fail(self, problems: list[dict[str, Any]], more: str) -> None:
         self.on_fatal("; ".join(describe_problem(p) for p in problems) + more, culprit_of(problems[0]))
