@@ -23,7 +23,7 @@ TINY = [
     "task.digits=1", "task.eval_size=16",
     "sft.steps=4", "sft.batch_size=16", "sft.cache_dir=",
     "grpo.steps=2", "grpo.prompts_per_step=8", "grpo.group_size=4", "grpo.eval_every=1",
-    "grpo.max_new_tokens=3",
+    "grpo.max_response_length=3",
     "pipeline.micro_batch=2", "pipeline.min_micro_batch=1", "pipeline.max_micro_batch=8",
     "flow.runner=job_workers:GRPO_DIGEST",
 ]  # fmt: skip

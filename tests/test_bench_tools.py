@@ -93,7 +93,7 @@ def test_bench_e2e_runs_every_mode_and_writes_every_ratio(tmp_path: Path) -> Non
     tiny = [
         "model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.intermediate_size=64",
         "task.digits=1", "task.eval_size=16", "sft.batch_size=16", "grpo.prompts_per_step=8",
-        "grpo.group_size=4", "grpo.max_new_tokens=3",
+        "grpo.group_size=4", "grpo.max_response_length=3",
     ]  # fmt: skip
     command = [
         str(BIN / "python"), str(REPO / "tools" / "bench_e2e.py"), "--steps", "5", "--json", str(out),

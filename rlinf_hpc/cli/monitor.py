@@ -145,7 +145,7 @@ def render(state: MonitorState, metrics: list[str], now: float | None = None) ->
         busy = now - float(record.get("since", now))
         style = "bold red" if status.startswith("STALLED") else None
         table.add_row(str(record.get("rank")), str(record.get("host")), str(record.get("roles") or "-"),
-                      str(record.get("activity") or "-"), f"{busy:.0f}", status,
+                      _activity(record), f"{busy:.0f}", status,
                       *[state.cell(m, record) for m in metrics], style=style)  # fmt: skip
     parts: list[Any] = [table]
     if state.last_metrics:
@@ -157,6 +157,12 @@ def render(state: MonitorState, metrics: list[str], now: float | None = None) ->
         parts.append(Text("metrics: " + ", ".join(f"{k}={v:.4g}" for k, v in list(shown.items())[:10])))
     parts.extend(Text(line) for line in state.alarms)
     return Group(*parts)
+
+
+def _activity(record: dict[str, Any]) -> str:
+    """What the rank does, with its phase's progress when it reports one."""
+    activity = str(record.get("activity") or "-")
+    return f"{activity} ({record['progress']})" if record.get("progress") else activity
 
 
 def _brief(value: Any, width: int = 100) -> str:

@@ -216,9 +216,13 @@ def shared_prefix_logprobs(
 
     Hugging Face causal LMs that take ``past_key_values`` and ``position_ids`` (Llama, Qwen2,
     Mistral and the like); ``model`` may be wrapped in DDP (two forward calls, one backward).
+    A model training with activation checkpointing keeps no cache (Hugging Face drops it: the
+    recompute would write it twice) and takes `sequence_logprobs`.
     """
     prompts, group = _group_rows(prompt_ids)
-    if len(prompts) == len(prompt_ids) or not all(len(c) for c in completion_ids):
+    inner = getattr(model, "module", model)
+    checkpointing = inner.training and getattr(inner, "is_gradient_checkpointing", False)
+    if checkpointing or len(prompts) == len(prompt_ids) or not all(len(c) for c in completion_ids):
         return sequence_logprobs(model, prompt_ids, completion_ids, pad_id, device, with_entropy)
     prefix_ids, prefix_mask = _pad(prompts, pad_id, left=True)
     prefix_mask = prefix_mask.to(device)

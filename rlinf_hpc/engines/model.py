@@ -34,6 +34,12 @@ class ModelConfig(Section):
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32", description="Parameter dtype (float32 on CPU)."
     )
+    gradient_checkpointing: bool = Field(
+        False,
+        description="Activation checkpointing in the actor's (and critic's) training forward: "
+        "keep only each layer's input and recompute the rest in the backward (about a third "
+        "more compute; activation memory per layer boundary instead of per operation).",
+    )
 
     @model_validator(mode="after")
     def _check_heads(self) -> ModelConfig:
@@ -82,6 +88,35 @@ def check_model_dir(path: str) -> Path:
 WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin", "model.safetensors.index.json")
 
 
+def load_tokenizer(path: str) -> HFTokenizer:
+    """The tokenizer of a model directory (checked by `check_model_dir` first)."""
+    from transformers import AutoTokenizer
+
+    directory = check_model_dir(path)
+    try:
+        return HFTokenizer(AutoTokenizer.from_pretrained(directory, local_files_only=True))
+    except (OSError, ValueError) as exc:
+        raise UserError(
+            f"model.path = '{path}': its tokenizer does not load ({type(exc).__name__}: {exc}). "
+            "A model directory needs tokenizer.json (or the files its tokenizer class reads) "
+            "and tokenizer_config.json beside config.json."
+        ) from None
+
+
+def check_tokenizer_fits(path: str, tokenizer: Tokenizer) -> None:
+    """`UserError` when the tokenizer has ids the model's embedding has no row for (a
+    tokenizer from another model): they would index past the table on the first prompt."""
+    config = json.loads((Path(path).expanduser() / "config.json").read_text(encoding="utf-8"))
+    rows = config.get("vocab_size") or config.get("text_config", {}).get("vocab_size")
+    if rows is not None and tokenizer.vocab_size > int(rows):
+        raise UserError(
+            f"model.path = '{path}': the tokenizer has {tokenizer.vocab_size} tokens but the "
+            f"model's embedding has {rows} rows (config.json vocab_size): ids past {int(rows) - 1} "
+            "have no embedding. The tokenizer files belong to another model; copy the tokenizer "
+            "that came with these weights into the directory."
+        )
+
+
 def tiny_qwen2(config: ModelConfig, tokenizer: Tokenizer, seed: int) -> Any:
     """A freshly initialized Qwen2ForCausalLM sized by ``config``."""
     import torch
@@ -109,10 +144,12 @@ def build_policy(config: ModelConfig, texts: list[str], seed: int) -> tuple[Any,
     import torch
 
     if config.path:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM
+        from transformers.utils import logging as hf_logging
 
+        hf_logging.disable_progress_bar()  # a bar per rank, interleaved: the log line says it
         directory = check_model_dir(config.path)
-        tokenizer = HFTokenizer(AutoTokenizer.from_pretrained(directory, local_files_only=True))
+        tokenizer = load_tokenizer(config.path)
         model = AutoModelForCausalLM.from_pretrained(
             directory, local_files_only=True, dtype=getattr(torch, config.dtype)
         )

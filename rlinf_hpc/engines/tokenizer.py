@@ -25,16 +25,21 @@ class Tokenizer(Protocol):
     bos_id: int | None
     eos_id: int
     vocab_size: int
+    #: Jinja chat template (None: the tokenizer has none; prompts are plain text).
+    chat_template: str | None
 
     def encode(self, text: str) -> list[int]: ...
 
     def decode(self, ids: Iterable[int]) -> str: ...
+
+    def render_chat(self, messages: list[dict[str, str]]) -> str: ...
 
 
 class CharTokenizer:
     """One id per character; ids 0/1/2 are pad/bos/eos."""
 
     pad_id, bos_id, eos_id = 0, 1, 2
+    chat_template = None
 
     def __init__(self, chars: str) -> None:
         if len(set(chars)) != len(chars):
@@ -58,6 +63,9 @@ class CharTokenizer:
     def decode(self, ids: Iterable[int]) -> str:
         return "".join(self.chars[i - len(SPECIALS)] for i in ids if i >= len(SPECIALS))
 
+    def render_chat(self, messages: list[dict[str, str]]) -> str:
+        raise ValueError("the character tokenizer has no chat template")
+
     def save(self, directory: Path) -> None:
         (directory / "char_tokenizer.json").write_text(json.dumps({"chars": self.chars}), encoding="utf-8")
 
@@ -77,6 +85,12 @@ class HFTokenizer:
         self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id)
         self.bos_id = None if tokenizer.bos_token_id is None else int(tokenizer.bos_token_id)
         self.vocab_size = len(tokenizer)
+        self.chat_template = getattr(tokenizer, "chat_template", None) or None
+
+    def render_chat(self, messages: list[dict[str, str]]) -> str:
+        """The messages through the tokenizer's chat template, ending with the assistant's
+        turn opened (``add_generation_prompt``)."""
+        return str(self.inner.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
 
     def encode(self, text: str) -> list[int]:
         return list(self.inner.encode(text, add_special_tokens=False))

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import gc
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -76,13 +78,46 @@ class Trainer:
 
     def step(self, loss: torch.Tensor) -> float:
         """Backward, (clip,) optimizer step; returns the gradient norm before clipping."""
+        with self.accumulate(first=True, last=True):
+            self.backward(loss)
+        return self.apply()
+
+    @contextmanager
+    def accumulate(self, first: bool, last: bool) -> Iterator[None]:
+        """Around the forward and backward of one micro-batch of an optimizer step: ``first``
+        clears the previous step's gradients; only the ``last`` one's backward all-reduces
+        them over the data-parallel ranks (DDP's ``no_sync``, which must hold the forward
+        too; DeepSpeed's accumulation boundary). Losses normalized by the whole step's counts
+        then sum to the step's gradient; `apply` takes the step."""
+        if self.engine is not None:
+            self.engine.set_gradient_accumulation_boundary(last)
+            yield
+            if not last:
+                self.engine.step()  # off the boundary: counts the micro-step, updates nothing
+            return
+        if first:
+            self.optimizer.zero_grad(set_to_none=True)
+        no_sync = getattr(self.module, "no_sync", None)
+        if last or no_sync is None:
+            yield
+        else:
+            with no_sync():
+                yield
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Accumulate ``loss``'s gradients (inside `accumulate`)."""
         if self.engine is not None:
             self.engine.backward(loss)
+        else:
+            loss.backward()
+
+    def apply(self) -> float:
+        """(Clip,) optimizer step on the accumulated gradients; the gradient norm before
+        clipping."""
+        if self.engine is not None:
             self.engine.step()
             norm = self.engine.get_global_grad_norm()
             return float(norm) if norm is not None else float("nan")
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
         params = [p for p in self.model.parameters() if p.grad is not None]
         limit = self.clip_norm if self.clip_norm else float("inf")
         norm = torch.nn.utils.clip_grad_norm_(params, limit).item()

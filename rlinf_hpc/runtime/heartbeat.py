@@ -27,6 +27,7 @@ from rlinf_hpc.log import get_logger
 from rlinf_hpc.runtime.crashes import CrashRecorder, crash_cause
 from rlinf_hpc.runtime.oomkill import boot_seconds, cgroup_state, death_cause
 from rlinf_hpc.runtime.ownership import pid_alive
+from rlinf_hpc.runtime.progress import current_progress
 
 log = get_logger("watchdog")
 
@@ -105,7 +106,7 @@ class Heartbeat:
         record = {
             "rank": self.rank, "pid": os.getpid(), "host": socket.gethostname(), "time": time.time(),
             "roles": self.roles, "activity": self.activity, "since": self.since, "left": left,
-            "wait": current_wait(), "boot_s": self.boot_s, **cgroup_state(),
+            "wait": current_wait(), "progress": current_progress(), "boot_s": self.boot_s, **cgroup_state(),
             **memory_in_use(), **(self.gpu.record() if self.gpu is not None else {}),
         }  # fmt: skip
         path = self.dir / f"rank-{self.rank}.json"

@@ -37,3 +37,26 @@ def minibatch_share(
     tokens = sum(n for part in parts for n in lengths[part])
     sequences = sum(part.stop - part.start for part in parts)
     return parts[rank], DataParallelScale(float(tokens), float(sequences), dp_ranks)
+
+
+def token_micro_batches(lengths: list[int], budget: int) -> list[list[int]]:
+    """Indices of sequences with token ``lengths`` packed into micro-batches whose padded size
+    (rows x longest row) stays within ``budget`` tokens: longest first, each micro-batch
+    filled greedily while the next sequence fits; a sequence longer than the budget gets a
+    micro-batch of its own. ``budget`` 0: one micro-batch of everything, in order.
+
+    >>> token_micro_batches([5, 9, 3, 9, 4], 18)
+    [[1, 3], [0, 4, 2]]
+    >>> token_micro_batches([5, 9, 3], 0)
+    [[0, 1, 2]]
+    """
+    if budget <= 0 or sum(lengths) and max(lengths) * len(lengths) <= budget:
+        return [list(range(len(lengths)))] if lengths else []
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    batches: list[list[int]] = []
+    for i in order:
+        if batches and lengths[batches[-1][0]] * (len(batches[-1]) + 1) <= budget:
+            batches[-1].append(i)  # sorted longest first: the batch's first row is its longest
+        else:
+            batches.append([i])
+    return batches

@@ -35,9 +35,10 @@ from rlinf_hpc.engines.distributed import (
     init_group_process_group,
     release_process_group,
 )
-from rlinf_hpc.engines.generation import encode_prompts, sequence_logprobs, shared_prefix_logprobs
+from rlinf_hpc.engines.generation import sequence_logprobs, shared_prefix_logprobs
 from rlinf_hpc.engines.training import Trainer
-from rlinf_hpc.workers.sharding import even_share, minibatch_share
+from rlinf_hpc.runtime.progress import Progress
+from rlinf_hpc.workers.sharding import even_share, minibatch_share, token_micro_batches
 from rlinf_hpc.workers.weights import send_weights
 
 
@@ -50,6 +51,8 @@ class ActorWorker(PolicyWorker):
 
     def _start_training(self) -> None:
         grpo = self.config.grpo
+        if self.config.model.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         deepspeed = grpo.train_backend == "deepspeed"
         self.distributed = init_group_process_group(self.group, self.device, always=deepspeed)
         broadcast_parameters(self.model)
@@ -128,6 +131,9 @@ class ActorWorker(PolicyWorker):
         """Supervised steps on the task's answers (or load them from the cache)."""
         sft = self.config.sft
         started = time.monotonic()
+        if sft.steps == 0:  # RL starts from the model as loaded: nothing to train or cache
+            self._start_rl()
+            return {"cached": False, "seconds": 0.0, "loss": None, "steps": 0, "path": None}
         cache = self._cache_file()
         loaded = False
         if self.group_rank == 0 and cache is not None and cache.is_file():
@@ -146,6 +152,7 @@ class ActorWorker(PolicyWorker):
         checks = self.task.train_batch(0, sft.check_size, stream="sft-check")
         accuracy = None
         steps_run = 0
+        progress = Progress("warm start", sft.steps, "steps")
         for step in range(sft.steps):
             if sft.stop_at_accuracy and step % sft.check_every == 0 and step:
                 accuracy = self._greedy_accuracy(checks)
@@ -157,8 +164,10 @@ class ActorWorker(PolicyWorker):
             loss = self._sft_loss(mine)
             self.trainer.step(loss)
             loss_value = loss.item()
+            progress.advance(1)
             if (step + 1) % max(1, sft.check_every) == 0 and self.group_rank == 0:
                 self.log.info("warm start step %d/%d: loss %.3f", step + 1, sft.steps, loss_value)
+        progress.close()
         self._start_rl()
         if cache is not None and self.group_rank == 0:
             try:
@@ -189,8 +198,8 @@ class ActorWorker(PolicyWorker):
         completions = generate(
             self.model,
             self.tokenizer,
-            encode_prompts(self.tokenizer, [p.prompt for p in mine]),
-            self.config.grpo.max_new_tokens,
+            self.prompts.encode([p.prompt for p in mine], self.tokenizer),
+            self.config.grpo.max_response_length,
             device=self.device,
         )
         right = sum(
@@ -206,7 +215,7 @@ class ActorWorker(PolicyWorker):
 
     def _sft_loss(self, problems: list[Any]) -> torch.Tensor:
         eos = self.tokenizer.eos_id
-        prompts = encode_prompts(self.tokenizer, [p.prompt for p in problems])
+        prompts = self.prompts.encode([p.prompt for p in problems], self.tokenizer)
         targets = [self.tokenizer.encode(self.teacher.answer(p)) + [eos] for p in problems]
         logprobs = sequence_logprobs(
             self.trainer.module, prompts, targets, self.tokenizer.pad_id, self.device
@@ -264,9 +273,9 @@ class ActorWorker(PolicyWorker):
         }
 
     def _advantages(self, samples: list[dict[str, Any]]) -> torch.Tensor:
-        """``[samples, max_new_tokens]`` advantages of the whole batch."""
+        """``[samples, max_response_length]`` advantages of the whole batch."""
         grpo = self.config.grpo
-        width = grpo.max_new_tokens
+        width = grpo.max_response_length
         _, mask = pad_right([torch.zeros(len(s["ids"])) for s in samples], width)
         if grpo.algorithm == "ppo":
             gae, _ = pad_right([torch.as_tensor(s["gae"], dtype=torch.float32) for s in samples], width)
@@ -293,7 +302,7 @@ class ActorWorker(PolicyWorker):
             minibatch_share(lengths, self.group_size, self.group_rank, grpo.minibatches, m, ranks)
             for m in range(grpo.minibatches)
         ]
-        proximal: dict[int, torch.Tensor] | None = {} if decoupled else None
+        proximal: dict[tuple[int, int], torch.Tensor] | None = {} if decoupled else None
         sums = np.zeros(len(keys))
         for _ in range(grpo.update_epochs):
             for m, (part, dp) in enumerate(parts):
@@ -306,25 +315,50 @@ class ActorWorker(PolicyWorker):
         chunk: list[dict[str, Any]],
         advantages: torch.Tensor,
         dp: Any,
-        proximal: dict[int, torch.Tensor] | None,
+        proximal: dict[tuple[int, int], torch.Tensor] | None,
         m: int,
     ) -> np.ndarray:
-        """One optimizer step on minibatch ``m``'s part of this rank's share; its metrics (in
-        `_policy_steps`' order). ``proximal``: the decoupled loss's log-probs per minibatch,
-        filled in at the minibatch's first forward."""
+        """One optimizer step on minibatch ``m``'s part of this rank's share, accumulated over
+        micro-batches of at most ``grpo.micro_batch_tokens`` padded tokens; its metrics (in
+        `_policy_steps`' order, token-weighted over the micro-batches). Every micro-batch's
+        loss is normalized by the whole minibatch's global counts (``dp``), so their gradients
+        sum to the minibatch's at any budget. ``proximal``: the decoupled loss's log-probs per
+        (minibatch, micro-batch), filled in at their first forward."""
+        lengths = [len(s["prompt"]) + len(s["ids"]) for s in chunk]
+        micro = token_micro_batches(lengths, self.config.grpo.micro_batch_tokens)
+        parts = []
+        for j, index in enumerate(micro):
+            with self.trainer.accumulate(first=j == 0, last=j == len(micro) - 1):
+                parts.append(
+                    self._micro_batch_loss([chunk[i] for i in index], advantages[index], dp, proximal, (m, j))
+                )
+        values = parts[0][0] if len(parts) == 1 else _combine_micro_metrics(parts)
+        grad_norm = self.trainer.apply()
+        return np.concatenate([values[:7], [grad_norm], values[7:]])
+
+    def _micro_batch_loss(
+        self,
+        part: list[dict[str, Any]],
+        advantages: torch.Tensor,
+        dp: Any,
+        proximal: dict[tuple[int, int], torch.Tensor] | None,
+        key: tuple[int, int],
+    ) -> tuple[np.ndarray, int]:
+        """Forward and backward of one micro-batch: its metrics (losses as its share of the
+        minibatch's, the rest as its own token means) and its response tokens."""
         grpo = self.config.grpo
-        width = grpo.max_new_tokens
+        width = grpo.max_response_length
         logprobs, entropies = shared_prefix_logprobs(
-            self.trainer.module, [s["prompt"] for s in chunk], [s["ids"] for s in chunk],
+            self.trainer.module, [s["prompt"] for s in part], [s["ids"] for s in part],
             self.tokenizer.pad_id, self.device, with_entropy=True,
         )  # fmt: skip
         logp, mask = pad_right(logprobs, width)
-        old, _ = pad_right([s["old"] for s in chunk], width)
-        if proximal is not None and m not in proximal:
-            proximal[m] = logp.detach()
+        old, _ = pad_right([s["old"] for s in part], width)
+        if proximal is not None and key not in proximal:
+            proximal[key] = logp.detach()
         pg_loss, metrics = ppo_policy_loss(
             old, logp, advantages, mask, grpo.clip_low, grpo.clip_high, grpo.clip_ratio_c,
-            grpo.loss_agg_mode, dp, proximal_log_prob=None if proximal is None else proximal[m],
+            grpo.loss_agg_mode, dp, proximal_log_prob=None if proximal is None else proximal[key],
             behaviour_weight_cap=grpo.behaviour_weight_cap,
         )  # fmt: skip
         entropy, _ = pad_right(entropies, width)
@@ -333,18 +367,18 @@ class ActorWorker(PolicyWorker):
             loss = loss - grpo.entropy_coef * agg_loss(entropy, mask, grpo.loss_agg_mode, dp)
         kl = torch.zeros(())
         if grpo.kl_coef > 0:
-            ref, _ = pad_right([s["ref"] for s in chunk], width)
+            ref, _ = pad_right([s["ref"] for s in part], width)
             kl_tokens = kl_penalty(logp, ref, grpo.kl_estimator)
             loss = loss + grpo.kl_coef * agg_loss(kl_tokens, mask, grpo.loss_agg_mode, dp)
             kl = masked_mean(kl_tokens.detach(), mask)
-        grad_norm = self.trainer.step(loss)
+        self.trainer.backward(loss)
         values = [
             loss.item(), pg_loss.item(), metrics.pg_clipfrac.item(), metrics.pg_clipfrac_lower.item(),
-            metrics.ppo_kl.item(), masked_mean(entropy.detach(), mask).item(), kl.item(), grad_norm,
+            metrics.ppo_kl.item(), masked_mean(entropy.detach(), mask).item(), kl.item(),
         ]  # fmt: skip
         if proximal is not None:
             values += [metrics.behaviour_weight.item(), metrics.behaviour_capped.item()]
-        return np.array(values)
+        return np.array(values), int(mask.sum().item())
 
     def _supervised_steps(self, step: int) -> dict[str, float]:
         """The supervised control: as many optimizer steps as an RL update takes, on the warm
@@ -367,3 +401,13 @@ class ActorWorker(PolicyWorker):
         tagged = [(rank, (WEIGHTS_TAG, component)) for rank, component in targets]
         nbytes = send_weights(self.comm, self.model, tagged)
         return {"seconds": time.monotonic() - started, "bytes": nbytes}
+
+
+def _combine_micro_metrics(parts: list[tuple[np.ndarray, int]]) -> np.ndarray:
+    """A minibatch's metrics from its micro-batches': the two losses (each micro-batch's is
+    its share of the minibatch's) summed, the token means weighted by response tokens."""
+    tokens = np.array([t for _, t in parts], dtype=float)
+    stacked = np.stack([v for v, _ in parts])
+    combined = stacked.T @ tokens / max(tokens.sum(), 1.0)
+    combined[:2] = stacked[:, :2].sum(axis=0)
+    return combined

@@ -1,16 +1,19 @@
 """The math app's input checks, run before any rank starts (by `rlinf-hpc run`, then by rank
-0): components, model directory, data files, vLLM install and placement, the warm-start cache.
-Imports no torch, so a check costs the launcher no time."""
+0): components, model directory, data files, prompts against the tokenizer, vLLM install and
+placement, the warm-start cache. Imports no torch (a model directory's tokenizer loads
+through transformers, without its weights)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from rlinf_hpc.apps.math.tasks import make_task
+from rlinf_hpc.apps.math.tasks import ArithmeticTask, JsonlTask, make_task, vocabulary_texts
+from rlinf_hpc.apps.math.tasks.prompts import PromptFormat
 from rlinf_hpc.apps.math.tasks.teacher import check_teacher
 from rlinf_hpc.config import Config
 from rlinf_hpc.config.apps import require_components
-from rlinf_hpc.engines.model import check_model_dir
+from rlinf_hpc.engines.model import check_model_dir, check_tokenizer_fits, load_tokenizer
+from rlinf_hpc.engines.tokenizer import CharTokenizer, Tokenizer
 from rlinf_hpc.errors import UserError
 from rlinf_hpc.log import get_logger
 from rlinf_hpc.runtime.metrics import require_tensorboard
@@ -51,9 +54,28 @@ def validate(config: Config) -> None:
         check_vllm_placement(config)
     if config.grpo.tensorboard:
         require_tensorboard()
-    make_task(config.task, config.job.seed)  # reads and checks JSONL files
+    task = make_task(config.task, config.job.seed)  # reads and checks the data files
+    check_prompts(config, task)
     check_teacher(config.sft, config.task)
     check_cache_dir(config.sft.cache_dir)
+
+
+def check_prompts(config: Config, task: ArithmeticTask | JsonlTask) -> None:
+    """Every prompt (training and held-out) renders with the job's tokenizer and fits
+    ``task.max_prompt_length`` when ``task.truncation = "error"``; the tokenizer fits the
+    model's embedding. Loads the tokenizer only (not the weights)."""
+    prompts = PromptFormat.of_task(config.task)  # a template without {question}: UserError
+    tokenizer: Tokenizer
+    if config.model.path:
+        tokenizer = load_tokenizer(config.model.path)
+        check_tokenizer_fits(config.model.path, tokenizer)
+    else:
+        tokenizer = CharTokenizer.for_texts(vocabulary_texts(config.task, task))
+    problems = task.eval_problems() + (task.train_problems() if isinstance(task, JsonlTask) else [])
+    prompts.uses_chat(tokenizer)  # "always" without a chat template: UserError
+    if config.task.truncation == "error":
+        for start in range(0, len(problems), 512):  # stops at the first batch with a long one
+            prompts.encode([p.prompt for p in problems[start : start + 512]], tokenizer)
 
 
 def check_vllm_placement(config: Config) -> None:

@@ -20,11 +20,12 @@ __all__ = ["GRPOConfig", "ModelConfig", "SFTConfig", "TaskConfig", "check_batche
 class TaskConfig(_Section):
     """[task]: the problems and their verifier."""
 
-    kind: Literal["arithmetic", "jsonl"] = Field(
+    kind: Literal["arithmetic", "jsonl", "parquet"] = Field(
         "arithmetic",
         description="`arithmetic`: word-free arithmetic problems generated locally and "
         "deterministically; `jsonl`: GSM8K-style files (`question`, `answer` ending in "
-        "'#### <number>') from `train_path` / `eval_path`.",
+        "'#### <number>') from `train_path` / `eval_path`; `parquet`: veRL's layout (`prompt` "
+        "as chat messages, `reward_model.ground_truth`; needs pyarrow).",
     )
     digits: int = Field(2, ge=1, le=6, description="Digits per operand (zero-padded in the prompt).")
     operations: list[Literal["+", "-", "*"]] = Field(
@@ -37,11 +38,34 @@ class TaskConfig(_Section):
     format_reward: float = Field(
         0.1, ge=0, le=1, description="Reward for a well-formed answer (a number, then end of text)."
     )
+    prompt_template: str | None = Field(
+        None,
+        description="How a question becomes the user's message; `{question}` marks where it "
+        "goes. Default: the bare question for `arithmetic`, veRL's GSM8K instruction "
+        '(`{question} Let\'s think step by step and output the final answer after "####".`) '
+        "for files. Parquet prompts that are chat messages are used as they are.",
+    )
+    chat_template: Literal["auto", "never", "always"] = Field(
+        "auto",
+        description="Render the messages with the tokenizer's chat template: `auto` when it has "
+        "one (instruct models), `always` (an error when it has none), `never` (plain text).",
+    )
+    system_prompt: str = Field(
+        "", description="A system message before each prompt (empty: none; chat templates may add one)."
+    )
+    max_prompt_length: int = Field(
+        1024, ge=1, description="Longest prompt in tokens, after the templates (veRL's max_prompt_length)."
+    )
+    truncation: Literal["error", "left", "right"] = Field(
+        "error",
+        description="A prompt over max_prompt_length: `error` (found before the job starts), "
+        "`left` (drop its first tokens), `right` (drop its last).",
+    )
 
     @model_validator(mode="after")
     def _check_paths(self) -> TaskConfig:
-        if self.kind == "jsonl" and not (self.train_path and self.eval_path):
-            raise ValueError('task.kind = "jsonl" needs task.train_path and task.eval_path')
+        if self.kind != "arithmetic" and not (self.train_path and self.eval_path):
+            raise ValueError(f'task.kind = "{self.kind}" needs task.train_path and task.eval_path')
         if not self.operations:
             raise ValueError("task.operations needs at least one of '+', '-', '*'")
         return self
@@ -122,7 +146,7 @@ class GRPOConfig(_Section):
     ] = Field(
         "token-mean",
         description="How token losses become the batch loss (token-mean is the global mean over "
-        "every actor rank's tokens; seq-mean-token-sum-norm divides by max_new_tokens: Dr.GRPO).",
+        "every actor rank's tokens; seq-mean-token-sum-norm divides by max_response_length: Dr.GRPO).",
     )
     norm_adv_by_std: bool = Field(
         True, description="GRPO: divide by the group's reward std (false: Dr.GRPO, mean-centred only)."
@@ -141,6 +165,16 @@ class GRPOConfig(_Section):
     )
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient norm clip of the RL updates.")
     update_epochs: int = Field(1, ge=1, le=16, description="Passes over each step's samples.")
+    micro_batch_tokens: int = Field(
+        4096,
+        ge=0,
+        description="Token budget of one forward (rows x longest row, prompt + response) in the "
+        "actor's update and the inference pass: each minibatch is cut into "
+        "micro-batches packed greedily by length, their gradients accumulated; the loss is the "
+        "same at any budget. Bounds activation memory (with a 151 k vocabulary the logits alone "
+        "are 0.6 MB a token in fp32: 2048 suits a 0.5 B model on a 16 GiB rank). 0: the whole "
+        "minibatch in one forward. veRL's ppo_max_token_len_per_gpu.",
+    )
     minibatches: int = Field(
         1, ge=1, description="Optimizer steps per pass (the ratio leaves 1 from the second on)."
     )
@@ -167,7 +201,9 @@ class GRPOConfig(_Section):
         description="Decoupled loss: tokens whose proximal / behaviour probability exceeds this "
         "are left out of the update.",
     )
-    max_new_tokens: int = Field(6, ge=1, description="Longest completion.")
+    max_response_length: int = Field(
+        6, ge=1, description="Longest response in tokens (veRL's max_response_length; alias max_new_tokens)."
+    )
     temperature: float = Field(1.0, gt=0, description="Sampling temperature of the rollout.")
     eval_every: int = Field(
         10, ge=1, description="Greedy held-out evaluation every N steps (and at start and end)."
@@ -191,6 +227,20 @@ class GRPOConfig(_Section):
         "ddp", description="Actor data parallelism: torch DDP (gloo on CPU, NCCL on GPU) or DeepSpeed ZeRO."
     )
     zero_stage: Literal[1, 2] = Field(1, description="DeepSpeed ZeRO stage when train_backend = deepspeed.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _alias_max_new_tokens(cls, data: Any) -> Any:
+        """``max_new_tokens`` (the key before veRL's name) is read as ``max_response_length``."""
+        if isinstance(data, dict) and "max_new_tokens" in data:
+            if "max_response_length" in data:
+                raise ValueError(
+                    "grpo.max_new_tokens and grpo.max_response_length are the same key; keep "
+                    "max_response_length"
+                )
+            data = {**data, "max_response_length": data["max_new_tokens"]}
+            del data["max_new_tokens"]
+        return data
 
     @property
     def clip_low(self) -> float:

@@ -63,7 +63,7 @@ class CriticWorker(PolicyWorker):
         grpo = self.config.grpo
         prompts, completions = self._tokens(batch)
         values = sequence_values(self.value_model, prompts, completions, self.tokenizer.pad_id, self.device)
-        value_mat, mask = pad_right([v.cpu() for v in values], grpo.max_new_tokens)
+        value_mat, mask = pad_right([v.cpu() for v in values], grpo.max_response_length)
         scores = torch.tensor([r for item in batch for r in item["rewards"]], dtype=value_mat.dtype)
         rewards = outcome_token_rewards(scores, mask)
         advantages, returns = gae_advantage_return(
@@ -100,7 +100,7 @@ class CriticWorker(PolicyWorker):
         targets = [r for g in groups for r in g["returns"]]
         lengths = [len(ids) for ids in completions]
         ranks = self.group_size if self.distributed else 1
-        width = grpo.max_new_tokens
+        width = grpo.max_response_length
         sums, steps = np.zeros(3), 0
         for _ in range(grpo.update_epochs):
             for m in range(grpo.minibatches):

@@ -79,10 +79,13 @@ def evaluate(coordinator: Coordinator, problems: list[Any]) -> dict[str, Any]:
 def _warm_start(coordinator: Coordinator, eval_set: list[Any]) -> tuple[dict[str, Any], float]:
     """Supervised warm start, first weight sync, reference policy, held-out accuracy."""
     warm = coordinator.group("actor").call("warm_start").result()[0]
-    log.info(
-        "warm start %s in %.1f s%s", "loaded from cache" if warm["cached"] else "trained", warm["seconds"],
-        f" (final loss {warm['loss']:.3f})" if warm["loss"] is not None else "",
-    )  # fmt: skip
+    if warm.get("steps") == 0 and not warm["cached"]:
+        log.info("no warm start (sft.steps = 0): RL starts from the model as loaded")
+    else:
+        log.info(
+            "warm start %s in %.1f s%s", "loaded from cache" if warm["cached"] else "trained",
+            warm["seconds"], f" (final loss {warm['loss']:.3f})" if warm["loss"] is not None else "",
+        )  # fmt: skip
     critic = ("critic",) if "critic" in coordinator.placement.groups else ()
     sync_weights(coordinator, ("rollout", "inference", *critic))  # the critic starts from the policy
     coordinator.group("inference").call("set_reference").result()

@@ -17,29 +17,23 @@ from typing import Any
 
 import torch
 
-from rlinf_hpc.apps.math.tasks import make_task, score_completion
+from rlinf_hpc.apps.math.tasks import make_task, score_completion, vocabulary_texts
+from rlinf_hpc.apps.math.tasks.prompts import PromptFormat
 from rlinf_hpc.config import Config
-from rlinf_hpc.engines.generation import encode_prompts, generate, shared_prefix_logprobs
-from rlinf_hpc.engines.model import build_policy, count_parameters
+from rlinf_hpc.engines.generation import generate, shared_prefix_logprobs
+from rlinf_hpc.engines.model import build_policy, count_parameters, load_tokenizer
 from rlinf_hpc.engines.tokenizer import CharTokenizer, Tokenizer
 from rlinf_hpc.errors import UserError
 from rlinf_hpc.log import get_logger
+from rlinf_hpc.runtime.progress import Progress
 from rlinf_hpc.workers.base import Worker
+from rlinf_hpc.workers.sharding import token_micro_batches
 from rlinf_hpc.workers.weights import receive_weights, take_weights
 
 log = get_logger("rollout")
 
 #: Data-plane tag of weight-sync messages.
 WEIGHTS_TAG = "policy-weights"
-
-
-def _hf_tokenizer(path: str) -> Tokenizer:
-    from transformers import AutoTokenizer
-
-    from rlinf_hpc.engines.model import check_model_dir
-    from rlinf_hpc.engines.tokenizer import HFTokenizer
-
-    return HFTokenizer(AutoTokenizer.from_pretrained(check_model_dir(path), local_files_only=True))
 
 
 def _config(worker: Worker) -> Config:
@@ -56,7 +50,9 @@ class PolicyWorker(Worker):
         config = _config(self)
         self.config = config
         self.task = make_task(config.task, config.job.seed)
-        self.model, self.tokenizer = build_policy(config.model, self.task.texts(), config.job.seed)
+        self.prompts = PromptFormat.of_task(config.task)
+        texts = vocabulary_texts(config.task, self.task)
+        self.model, self.tokenizer = build_policy(config.model, texts, config.job.seed)
         self.model.to(self.device)
         self.log.info(
             "policy %s with %.2f M parameters on %s",
@@ -124,12 +120,14 @@ class RolloutWorker(PolicyWorker):
             torch.set_num_threads(threads)
             self.config = config
             self.task = make_task(config.task, config.job.seed)
+            self.prompts = PromptFormat.of_task(config.task)
             self.model = None
             if config.model.path:
                 model_dir = config.model.path
-                self.tokenizer = _hf_tokenizer(config.model.path)
+                self.tokenizer = load_tokenizer(config.model.path)
             else:  # the built-in tiny model: vLLM loads it from a directory
-                model, self.tokenizer = build_policy(config.model, self.task.texts(), config.job.seed)
+                texts = vocabulary_texts(config.task, self.task)
+                model, self.tokenizer = build_policy(config.model, texts, config.job.seed)
                 model_dir = self.scratch = _vllm_model_dir(model, self.tokenizer, self.rank)
                 del model
             started = time.monotonic()
@@ -182,7 +180,7 @@ class RolloutWorker(PolicyWorker):
                 prompt_ids,
                 keys,
                 grpo.group_size,
-                grpo.max_new_tokens,
+                grpo.max_response_length,
                 grpo.temperature,
                 self.tokenizer.eos_id,
             )
@@ -190,11 +188,11 @@ class RolloutWorker(PolicyWorker):
         rows = [ids for ids in prompt_ids for _ in range(grpo.group_size)]
         keys = [(seed, item["step"], item["uid"], j) for item in batch for j in range(grpo.group_size)]
         return generate(
-            self.model, self.tokenizer, rows, grpo.max_new_tokens, keys, grpo.temperature, self.device
+            self.model, self.tokenizer, rows, grpo.max_response_length, keys, grpo.temperature, self.device
         )
 
     def _greedy(self, prompt_ids: list[list[int]]) -> list[Any]:
-        max_new = self.config.grpo.max_new_tokens
+        max_new = self.config.grpo.max_response_length
         if self.engine is not None:
             keys = [("eval", i) for i in range(len(prompt_ids))]
             groups = self.engine.generate(prompt_ids, keys, 1, max_new, 0.0, self.tokenizer.eos_id)
@@ -203,7 +201,7 @@ class RolloutWorker(PolicyWorker):
 
     def generate(self, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
         grpo = self.config.grpo
-        prompt_ids = encode_prompts(self.tokenizer, [item["prompt"] for item in batch])
+        prompt_ids = self.prompts.encode([item["prompt"] for item in batch], self.tokenizer)
         completions = self._sample(prompt_ids, batch)
         out = []
         for k, item in enumerate(batch):
@@ -220,20 +218,30 @@ class RolloutWorker(PolicyWorker):
             )
         return out
 
-    def evaluate(self, problems: list[tuple[int, str, str]], batch_size: int = 256) -> dict[str, Any]:
-        """Greedy answers to held-out ``(uid, prompt, answer)`` problems: how many are right."""
+    def evaluate(self, problems: list[tuple[int, Any, str]]) -> dict[str, Any]:
+        """Greedy answers to held-out ``(uid, prompt, answer)`` problems: how many are right;
+        the first examples with the prompt as the model read it. Generates in chunks of about
+        ``grpo.micro_batch_tokens`` (prompt + response) tokens, its progress shown after each."""
         correct, examples = 0, []
+        encoded = self.prompts.encode([p for _, p, _ in problems], self.tokenizer)
+        longest = max((len(ids) for ids in encoded), default=1) + self.config.grpo.max_response_length
+        budget = self.config.grpo.micro_batch_tokens
+        batch_size = 256 if self.engine is not None or budget == 0 else max(1, min(256, budget // longest))
+        progress = Progress("evaluate", len(problems), "problems")
         for start in range(0, len(problems), batch_size):
             chunk = problems[start : start + batch_size]
-            completions = self._greedy(encode_prompts(self.tokenizer, [p for _, p, _ in chunk]))
+            completions = self._greedy(encoded[start : start + batch_size])
+            progress.advance(len(chunk), tokens=sum(len(c.ids) for c in completions))
             for (uid, prompt, answer), completion in zip(chunk, completions, strict=True):
                 text = self.tokenizer.decode(completion.ids)
                 ok = score_completion(text, answer, completion.ended, 0.0).correct
                 correct += ok
                 if len(examples) < 3:
+                    rendered = self.prompts.render(prompt, self.tokenizer)
                     examples.append(
-                        {"uid": uid, "prompt": prompt, "answer": answer, "completion": text, "ok": ok}
+                        {"uid": uid, "prompt": rendered, "answer": answer, "completion": text, "ok": ok}
                     )
+        progress.close()
         return {"correct": correct, "total": len(problems), "examples": examples}
 
     def tokens_generated(self) -> int:
@@ -247,9 +255,10 @@ class RewardWorker(Worker):
         config = _config(self)
         self.format_reward = config.task.format_reward
         if config.model.path:
-            self.tokenizer: Tokenizer = _hf_tokenizer(config.model.path)
+            self.tokenizer: Tokenizer = load_tokenizer(config.model.path)
         else:
-            self.tokenizer = CharTokenizer.for_texts(make_task(config.task, config.job.seed).texts())
+            task = make_task(config.task, config.job.seed)
+            self.tokenizer = CharTokenizer.for_texts(vocabulary_texts(config.task, task))
 
     def score(self, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
         out = []
@@ -298,21 +307,36 @@ class InferenceWorker(PolicyWorker):
     def logprobs(self, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
         prompts = [item["prompt_ids"] for item in batch for _ in item["completions"]]
         completions = [ids for item in batch for ids in item["completions"]]
-        pad = self.tokenizer.pad_id
-        old = shared_prefix_logprobs(self.model, prompts, completions, pad, self.device)
+        old = self._micro_batched(self.model, prompts, completions)
         ref = None
         if self.config.grpo.kl_coef > 0:
             if self.reference is None:
                 raise RuntimeError("set_reference() must run before log-probs with a KL penalty")
-            ref = shared_prefix_logprobs(self.reference, prompts, completions, pad, self.device)
+            ref = self._micro_batched(self.reference, prompts, completions)
         out, k = [], 0
         for item in batch:
             n = len(item["completions"])
-            extra = {"old_logprobs": [t.cpu() for t in old[k : k + n]]}
+            extra = {"old_logprobs": old[k : k + n]}
             if ref is not None:
-                extra["ref_logprobs"] = [t.cpu() for t in ref[k : k + n]]
+                extra["ref_logprobs"] = ref[k : k + n]
             out.append({**item, **extra})
             k += n
+        return out
+
+    def _micro_batched(
+        self, model: Any, prompts: list[list[int]], completions: list[list[int]]
+    ) -> list[torch.Tensor]:
+        """Per-token log-probs of every row, in forwards of at most ``grpo.micro_batch_tokens``
+        padded tokens (the actor's budget: a 151 k vocabulary's logits dominate the memory)."""
+        lengths = [len(p) + len(c) for p, c in zip(prompts, completions, strict=True)]
+        out: list[torch.Tensor] = [torch.empty(0)] * len(prompts)
+        for index in token_micro_batches(lengths, self.config.grpo.micro_batch_tokens):
+            rows = shared_prefix_logprobs(
+                model, [prompts[i] for i in index], [completions[i] for i in index],
+                self.tokenizer.pad_id, self.device,
+            )  # fmt: skip
+            for i, row in zip(index, rows, strict=True):
+                out[i] = row.cpu()
         return out
 
 

@@ -5,7 +5,9 @@ from rlinf_hpc.apps.math.tasks.problems import (
     JsonlTask,
     Problem,
     load_jsonl_problems,
+    load_parquet_problems,
     make_task,
+    vocabulary_texts,
 )
 from rlinf_hpc.apps.math.tasks.verifier import Score, extract_answer, normalize_number, score_completion
 
@@ -16,7 +18,9 @@ __all__ = [
     "Score",
     "extract_answer",
     "load_jsonl_problems",
+    "load_parquet_problems",
     "make_task",
     "normalize_number",
     "score_completion",
+    "vocabulary_texts",
 ]

@@ -1,4 +1,5 @@
-"""Arithmetic problems generated locally and deterministically, and GSM8K-style JSONL files.
+"""Arithmetic problems generated locally and deterministically, GSM8K-style JSONL files, and
+veRL's Parquet layout (``prompt`` as chat messages, ``reward_model.ground_truth``).
 
 A problem is a prompt and its exact answer. Generated prompts zero-pad operands to ``digits`` so
 every prompt of a task has the same length (``"07+45="`` -> ``"52"``); operations are evaluated
@@ -22,15 +23,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlinf_hpc.apps.math.config import TaskConfig
+from rlinf_hpc.apps.math.tasks.prompts import PromptFormat, RawPrompt
 from rlinf_hpc.errors import UserError
 
 
 @dataclass(frozen=True)
 class Problem:
-    """One problem: ``uid`` is unique within its split; ``answer`` is a normalized integer."""
+    """One problem: ``uid`` is unique within its split; ``answer`` is a normalized integer;
+    ``prompt`` a question or chat messages (`rlinf_hpc.apps.math.tasks.prompts`)."""
 
     uid: int
-    prompt: str
+    prompt: RawPrompt
     answer: str
 
 
@@ -149,13 +152,79 @@ def load_jsonl_problems(path: str | Path, what: str) -> list[Problem]:
     return problems
 
 
-class JsonlTask:
-    """Problems from GSM8K-style files: a fixed training list (cycled in a seeded order per
-    epoch) and a held-out list."""
+#: The columns of veRL's Parquet layout this reader takes (examples/data_preprocess/gsm8k.py).
+PARQUET_COLUMNS = ("prompt", "reward_model")
 
-    def __init__(self, train_path: str, eval_path: str, seed: int) -> None:
-        self._train = load_jsonl_problems(train_path, "task.train_path")
-        self._eval = load_jsonl_problems(eval_path, "task.eval_path")
+
+def load_parquet_problems(path: str | Path, what: str) -> list[Problem]:
+    """Rows of veRL's layout: ``prompt`` (a list of ``{"role", "content"}`` messages, or a
+    string) and ``reward_model`` (a struct whose ``ground_truth`` is the final number).
+
+    Raises `UserError` naming the file and row of the first bad record, or the missing columns.
+    """
+    from rlinf_hpc.apps.math.tasks.verifier import normalize_number
+
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise UserError(f"{what} = '{path}' is not a file. Give the path of a Parquet file of problems.")
+    try:
+        import pyarrow.parquet as pq
+    except ModuleNotFoundError:
+        raise UserError(
+            f'task.kind = "parquet" reads {file} with pyarrow, which is not installed: '
+            "pip install -e '.[parquet]' (or pip install pyarrow)."
+        ) from None
+    try:
+        columns = pq.read_schema(file).names
+        missing = [c for c in PARQUET_COLUMNS if c not in columns]
+        if missing:
+            raise UserError(
+                f"{file}: no {' and no '.join(repr(c) for c in missing)} column (it has "
+                f"{', '.join(columns)}). veRL's layout has 'prompt' (chat messages) and "
+                "'reward_model' ({'ground_truth': ...}); see examples/data_preprocess/gsm8k.py."
+            )
+        rows = pq.read_table(file, columns=list(PARQUET_COLUMNS)).to_pylist()
+    except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+        raise UserError(f"{file}: not a readable Parquet file ({exc}).") from None
+    problems = []
+    for number, row in enumerate(rows):
+        prompt, reward = row["prompt"], row["reward_model"]
+        truth = reward.get("ground_truth") if isinstance(reward, dict) else None
+        answer = None if truth is None else normalize_number(str(truth))
+        if answer is None:
+            raise UserError(
+                f"{file}: row {number}: reward_model.ground_truth = {truth!r} is not a number; "
+                "the verifier compares final numeric answers."
+            )
+        if (
+            isinstance(prompt, list)
+            and prompt
+            and all(isinstance(m, dict) and {"role", "content"} <= set(m) for m in prompt)
+        ):
+            prompt = [{"role": str(m["role"]), "content": str(m["content"])} for m in prompt]
+        elif not isinstance(prompt, str) or not prompt.strip():
+            raise UserError(
+                f"{file}: row {number}: 'prompt' is neither chat messages "
+                "([{'role': ..., 'content': ...}, ...]) nor text."
+            )
+        problems.append(Problem(len(problems), prompt, answer))
+    if not problems:
+        raise UserError(f"{what} = '{path}' holds no problems.")
+    return problems
+
+
+def _prompt_text(prompt: RawPrompt) -> str:
+    return prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in prompt)
+
+
+class JsonlTask:
+    """Problems from files (GSM8K-style JSONL or veRL's Parquet): a fixed training list
+    (cycled in a seeded order per epoch) and a held-out list."""
+
+    def __init__(self, train_path: str, eval_path: str, seed: int, kind: str = "jsonl") -> None:
+        load = load_parquet_problems if kind == "parquet" else load_jsonl_problems
+        self._train = load(train_path, "task.train_path")
+        self._eval = load(eval_path, "task.eval_path")
         self.seed = seed
 
     def train_problem(self, index: int, stream: str = "rl") -> Problem:
@@ -171,12 +240,22 @@ class JsonlTask:
     def eval_problems(self) -> list[Problem]:
         return list(self._eval)
 
+    def train_problems(self) -> list[Problem]:
+        """The training file's problems in file order."""
+        return list(self._train)
+
     def texts(self) -> list[str]:
-        return [p.prompt + p.answer for p in self._train + self._eval]
+        return [_prompt_text(p.prompt) + p.answer for p in self._train + self._eval]
 
 
 def make_task(config: TaskConfig, seed: int) -> ArithmeticTask | JsonlTask:
     """The task named by ``[task]`` (`UserError` for unreadable or malformed files)."""
-    if config.kind == "jsonl":
-        return JsonlTask(config.train_path, config.eval_path, seed)
+    if config.kind != "arithmetic":
+        return JsonlTask(config.train_path, config.eval_path, seed, config.kind)
     return ArithmeticTask(config.digits, config.operations, config.terms, config.eval_size, seed)
+
+
+def vocabulary_texts(config: TaskConfig, task: ArithmeticTask | JsonlTask) -> list[str]:
+    """What a character tokenizer built for this task must cover: its problems and the text
+    the prompt format adds to them."""
+    return task.texts() + PromptFormat.of_task(config).texts()
