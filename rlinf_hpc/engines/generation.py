@@ -75,16 +75,27 @@ def _pad(rows: Sequence[Sequence[int]], pad: int, left: bool) -> tuple[torch.Ten
 
 def _prompt_pass(model: Any, ids: torch.Tensor, mask: torch.Tensor) -> Any:
     """The model's output on left-padded prompts, positions counted from each one's first
-    token, with a fresh cache of their keys and values."""
+    token, with a fresh cache of their keys and values; logits of the last position only
+    where the model can skip the others (``logits_to_keep``: with a 151 k vocabulary the
+    output layer over a whole prompt costs more than a small model's layers)."""
     from transformers import DynamicCache
 
+    keep = {"logits_to_keep": 1} if _takes_logits_to_keep(model) else {}
     return model(
         input_ids=ids,
         attention_mask=mask,
         position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
         past_key_values=DynamicCache(),
         use_cache=True,
+        **keep,
     )
+
+
+def _takes_logits_to_keep(model: Any) -> bool:
+    import inspect
+
+    inner = getattr(model, "module", model)  # DDP / DeepSpeed wrap the model
+    return "logits_to_keep" in inspect.signature(inner.forward).parameters
 
 
 def _group_rows(rows: Sequence[Sequence[int]]) -> tuple[list[tuple[int, ...]], list[int]]:
@@ -193,9 +204,14 @@ def sequence_logprobs(
     ``with_entropy`` also the entropy of the model's next-token distribution at each of those
     positions: ``(logprobs, entropies)``."""
     ids, mask, spans = join_rows(prompt_ids, completion_ids, pad_id)
-    logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits.float()[:, :-1]
-    # position t predicts token t + 1
-    return _token_logprobs(logits, ids[:, 1:].to(logits.device), spans, with_entropy)
+    # positions before the shortest prompt's last token predict no completion token: where the
+    # model can skip their logits (``logits_to_keep``), the output layer runs on the rest only
+    first = max(min((len(p) for p in prompt_ids), default=1) - 1, 0) if _takes_logits_to_keep(model) else 0
+    keep = {"logits_to_keep": ids.shape[1] - first} if first else {}
+    output = model(input_ids=ids.to(device), attention_mask=mask.to(device), **keep)
+    logits = output.logits.float()[:, :-1]  # position first + t predicts token first + t + 1
+    spans = [slice(span.start - first, span.stop - first) for span in spans]
+    return _token_logprobs(logits, ids[:, first + 1 :].to(logits.device), spans, with_entropy)
 
 
 def shared_prefix_logprobs(

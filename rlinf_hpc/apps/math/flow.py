@@ -88,7 +88,8 @@ def _warm_start(coordinator: Coordinator, eval_set: list[Any]) -> tuple[dict[str
         )  # fmt: skip
     critic = ("critic",) if "critic" in coordinator.placement.groups else ()
     sync_weights(coordinator, ("rollout", "inference", *critic))  # the critic starts from the policy
-    coordinator.group("inference").call("set_reference").result()
+    if coordinator.config.grpo.kl_coef > 0:  # the KL's reference: a frozen copy of the policy
+        coordinator.group("inference").call("set_reference").result()
     accuracy = evaluate(coordinator, eval_set)["accuracy"]
     log.info("held-out accuracy after warm start: %.1f%% (%d problems)", 100 * accuracy, len(eval_set))
     return warm, accuracy
@@ -143,6 +144,7 @@ def math_grpo_flow(coordinator: Coordinator) -> dict[str, Any]:
         problems = task.train_batch(step, grpo.prompts_per_step)
         return [{"uid": p.uid, "step": step, "prompt": p.prompt, "answer": p.answer} for p in problems], None
 
+    examples: list[dict[str, Any]] = []  # the last evaluation's first answers, prompts as rendered
     for step in range(first_step, grpo.steps):
         if ahead is None:
             results = [pipes[0].run(*items_of(step))]
@@ -175,7 +177,8 @@ def math_grpo_flow(coordinator: Coordinator) -> dict[str, Any]:
             "micro_batch": {s["component"]: round(s["mean_micro_batch"], 2) for s in stages},
         }
         if (step + 1) % grpo.eval_every == 0 or step + 1 == grpo.steps:
-            record["eval_accuracy"] = evaluate(coordinator, eval_set)["accuracy"]
+            evaluation = evaluate(coordinator, eval_set)
+            record["eval_accuracy"], examples = evaluation["accuracy"], evaluation["examples"]
             evals.append((step + 1, record["eval_accuracy"]))
         history.append(record)
         metrics.write(step + 1, record)
@@ -214,6 +217,7 @@ def math_grpo_flow(coordinator: Coordinator) -> dict[str, Any]:
         "tokens_per_s": sum(r["tokens"] for r in history) / max(sum(r["step_s"] for r in history), 1e-9),
         "resumed_from_step": checkpoints.resumed_step if resumed else None,
         "checkpoints": checkpoints.saved,
+        "eval_examples": examples,
     }
     return {"summary": summary, "evals": evals, "final_reward": history[-1]["reward"]}
 

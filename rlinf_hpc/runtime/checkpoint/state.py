@@ -12,6 +12,12 @@ same container and key types. Anything else is refused with its path, so nothing
 >>> state = unflatten(tensors, skeleton)
 >>> state["step"], type(state[1]).__name__, state[1][0].tolist()
 (3, 'tuple', [1.0, 1.0])
+
+A tensor met again as the same view (tied weights) is stored once:
+
+>>> weight = torch.ones(3)
+>>> sorted(flatten({"embed": weight, "head": weight, "other": weight[1:]})[0])
+['t0', 't1']
 """
 
 from __future__ import annotations
@@ -43,12 +49,18 @@ def _tensor_type() -> type | tuple[()]:
 def flatten(state: Any) -> tuple[dict[str, torch.Tensor], Any]:
     """``(tensors, skeleton)``: every tensor (and ndarray) under its own key ``t<N>``."""
     tensors: dict[str, torch.Tensor] = {}
+    seen: dict[tuple[Any, ...], str] = {}  # a view met again (tied weights): its first key
     tensor_type = _tensor_type()
 
     def walk(node: Any, path: str) -> Any:
         if isinstance(node, tensor_type):
+            view = _view_identity(node)
+            if view in seen:
+                return {"T": seen[view]}
             key = f"t{len(tensors)}"
             tensors[key] = node
+            if view is not None:
+                seen[view] = key
             return {"T": key}
         if isinstance(node, np.ndarray):
             import torch
@@ -79,6 +91,23 @@ def flatten(state: Any) -> tuple[dict[str, torch.Tensor], Any]:
     return tensors, walk(state, "state")
 
 
+def _view_identity(tensor: torch.Tensor) -> tuple[Any, ...] | None:
+    """What makes two tensors the same bytes: storage, offset, shape, strides, dtype (tied
+    embeddings appear twice in a state_dict; written once, they load back as one tensor). None
+    for a tensor without storage."""
+    pointer = tensor.untyped_storage().data_ptr()
+    if not pointer:
+        return None
+    return (
+        tensor.device,
+        pointer,
+        tensor.storage_offset(),
+        tuple(tensor.shape),
+        tensor.stride(),
+        tensor.dtype,
+    )
+
+
 def unflatten(tensors: dict[str, torch.Tensor], skeleton: Any) -> Any:
     """The inverse of `flatten`."""
     if isinstance(skeleton, dict):
@@ -94,44 +123,69 @@ def unflatten(tensors: dict[str, torch.Tensor], skeleton: Any) -> Any:
     return skeleton
 
 
-def host_copy(state: Any, pool: dict[str, torch.Tensor] | None = None, path: str = "") -> Any:
+def host_copy(state: Any, pool: dict[str, torch.Tensor] | None = None) -> Any:
     """A copy of ``state`` whose tensors are contiguous host-memory copies (the only part of an
-    async save that stalls training); containers are copied, scalars shared. With ``pool``,
-    buffers of the same shape and dtype from the previous save are reused: copying into
-    memory that is already mapped is several times faster than into fresh pages."""
-    if isinstance(state, _tensor_type()):
-        if pool is None:
-            return state.detach().to("cpu", copy=True).contiguous()
-        buffer = pool.get(path)
-        if buffer is None or buffer.shape != state.shape or buffer.dtype != state.dtype:
-            buffer = pool[path] = state.new_empty(state.shape, device="cpu")
-        return buffer.copy_(state.detach())
-    if isinstance(state, np.ndarray):
-        return state.copy()
-    if isinstance(state, dict):
-        return {key: host_copy(value, pool, f"{path}/{key}") for key, value in state.items()}
-    if isinstance(state, (list, tuple)):
-        items = [host_copy(value, pool, f"{path}/{i}") for i, value in enumerate(state)]
-        return items if isinstance(state, list) else tuple(items)
-    return state
+    async save that stalls training); containers are copied, scalars shared, a view met again
+    (tied weights) copied once. With ``pool``, buffers of the same shape and dtype from the
+    previous save are reused: copying into memory that is already mapped is several times
+    faster than into fresh pages."""
+    copies: dict[tuple[Any, ...], torch.Tensor] = {}
+
+    def copy(node: Any, path: str) -> Any:
+        if isinstance(node, _tensor_type()):
+            view = _view_identity(node)
+            if view in copies:
+                return copies[view]
+            if pool is None:
+                out = node.detach().to("cpu", copy=True).contiguous()
+            else:
+                buffer = pool.get(path)
+                if buffer is None or buffer.shape != node.shape or buffer.dtype != node.dtype:
+                    buffer = pool[path] = node.new_empty(node.shape, device="cpu")
+                out = buffer.copy_(node.detach())
+            if view is not None:
+                copies[view] = out
+            return out
+        if isinstance(node, np.ndarray):
+            return node.copy()
+        if isinstance(node, dict):
+            return {key: copy(value, f"{path}/{key}") for key, value in node.items()}
+        if isinstance(node, (list, tuple)):
+            items = [copy(value, f"{path}/{i}") for i, value in enumerate(node)]
+            return items if isinstance(node, list) else tuple(items)
+        return node
+
+    return copy(state, "")
 
 
 def tensor_bytes(state: Any) -> int:
-    """Bytes of the tensors and arrays in ``state`` (nested dicts, lists, tuples).
+    """Bytes of the tensors and arrays in ``state`` (nested dicts, lists, tuples), a view met
+    again (tied weights) counted once.
 
     >>> import torch
-    >>> tensor_bytes({"w": torch.zeros(4), "m": [np.zeros(2, dtype=np.int64)], "step": 3})
+    >>> w = torch.zeros(4)
+    >>> tensor_bytes({"w": w, "tied": w, "m": [np.zeros(2, dtype=np.int64)], "step": 3})
     32
     """
-    if isinstance(state, _tensor_type()):
-        return state.numel() * state.element_size()
-    if isinstance(state, np.ndarray):
-        return int(state.nbytes)
-    if isinstance(state, dict):
-        return sum(tensor_bytes(value) for value in state.values())
-    if isinstance(state, (list, tuple)):
-        return sum(tensor_bytes(value) for value in state)
-    return 0
+    seen: set[tuple[Any, ...]] = set()
+
+    def count(node: Any) -> int:
+        if isinstance(node, _tensor_type()):
+            view = _view_identity(node)
+            if view is not None and view in seen:
+                return 0
+            if view is not None:
+                seen.add(view)
+            return node.numel() * node.element_size()
+        if isinstance(node, np.ndarray):
+            return int(node.nbytes)
+        if isinstance(node, dict):
+            return sum(count(value) for value in node.values())
+        if isinstance(node, (list, tuple)):
+            return sum(count(value) for value in node)
+        return 0
+
+    return count(state)
 
 
 def host_view(state: Any) -> Any:
