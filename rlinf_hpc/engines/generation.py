@@ -176,6 +176,11 @@ def join_rows(
     return ids, mask, spans
 
 
+def _at_least_fp32(logits: torch.Tensor) -> torch.Tensor:
+    """bf16/fp16 logits in fp32 for the log-softmax; fp32 and fp64 as they are."""
+    return logits.to(torch.promote_types(logits.dtype, torch.float32))
+
+
 def _token_logprobs(
     logits: torch.Tensor, targets: torch.Tensor, spans: list[slice], with_entropy: bool
 ) -> Any:
@@ -209,7 +214,7 @@ def sequence_logprobs(
     first = max(min((len(p) for p in prompt_ids), default=1) - 1, 0) if _takes_logits_to_keep(model) else 0
     keep = {"logits_to_keep": ids.shape[1] - first} if first else {}
     output = model(input_ids=ids.to(device), attention_mask=mask.to(device), **keep)
-    logits = output.logits.float()[:, :-1]  # position first + t predicts token first + t + 1
+    logits = _at_least_fp32(output.logits)[:, :-1]  # position first + t predicts token first + t + 1
     spans = [slice(span.start - first, span.stop - first) for span in spans]
     return _token_logprobs(logits, ids[:, first + 1 :].to(logits.device), spans, with_entropy)
 
@@ -257,5 +262,5 @@ def shared_prefix_logprobs(
         use_cache=False,
     )
     # the prompt's last position predicts each row's first token; completion position t, t + 1
-    logits = torch.cat([prefix.logits[index, -1:], rest.logits[:, :-1]], dim=1).float()
+    logits = _at_least_fp32(torch.cat([prefix.logits[index, -1:], rest.logits[:, :-1]], dim=1))
     return _token_logprobs(logits, ids, [slice(0, len(row)) for row in completion_ids], with_entropy)
