@@ -12,6 +12,7 @@ from rlinf_hpc.apps.math.tasks.prompts import PromptFormat
 from rlinf_hpc.apps.math.tasks.teacher import check_teacher
 from rlinf_hpc.config import Config
 from rlinf_hpc.config.apps import require_components
+from rlinf_hpc.engines.host import check_torch_companions, warn_if_bf16_is_slow
 from rlinf_hpc.engines.model import check_model_dir, check_tokenizer_fits, load_tokenizer
 from rlinf_hpc.engines.tokenizer import CharTokenizer, Tokenizer
 from rlinf_hpc.errors import UserError
@@ -28,6 +29,9 @@ CRITIC_WORKER = "rlinf_hpc.apps.math.critic:CriticWorker"
 def validate(config: Config) -> None:
     """Before any worker starts: the components, the model directory, the data files."""
     require_components(config, COMPONENTS, "math_grpo")
+    check_torch_companions()
+    on_cpu = [n for n in ("rollout", "inference", "actor", "critic") if n in config.components]
+    warn_if_bf16_is_slow(config.model.dtype, [n for n in on_cpu if config.components[n].device == "cpu"])
     ppo = config.grpo.algorithm == "ppo"
     if ppo and "critic" not in config.components:
         raise UserError(
