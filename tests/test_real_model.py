@@ -229,3 +229,34 @@ def test_the_real_format_job_runs_its_rollout_on_vllm(
     assert "rollout on vLLM" in result.output
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["eval_examples"][0]["prompt"].endswith(f"{INSTRUCTION}<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_an_actor_that_cannot_fit_is_refused_before_loading_with_its_estimate(qwen_dir: Path) -> None:
+    from rlinf_hpc.apps.math.checks import actor_memory, check_actor_fits
+    from rlinf_hpc.config import load_config
+
+    config = load_config(CONFIGS / "math_grpo_qwen2.5_0.5b_cpu.toml", [f"model.path={qwen_dir}"])
+    need = actor_memory(config)
+    layer = (896 * 896 + 896) + 2 * (896 * 128 + 128) + 896 * 896 + 3 * 896 * 4864 + 2 * 896
+    assert need.parameters == (151936 * 896 + 2 * layer + 896) * 4  # tied embedding, fp32
+    assert need.optimizer == 2 * need.parameters and need.gradients == need.parameters
+    check_actor_fits(config, host_bytes=need.total + 1)
+    with pytest.raises(
+        UserError, match=r"needs about .* GiB \(parameters 0\.6, gradients 0\.6, optimizer 1\.2"
+    ):
+        check_actor_fits(config, host_bytes=2**30)
+    # the activation part follows the token budget, not the batch
+    smaller = load_config(
+        CONFIGS / "math_grpo_qwen2.5_0.5b_cpu.toml", [f"model.path={qwen_dir}", "grpo.micro_batch_tokens=512"]
+    )
+    assert actor_memory(smaller).activations * 3.9 < need.activations
+    zero = load_config(
+        CONFIGS / "math_grpo_qwen2.5_0.5b_cpu.toml",
+        [
+            f"model.path={qwen_dir}",
+            "grpo.train_backend=deepspeed",
+            "components.actor.num_ranks=2",
+            "job.num_ranks=6",
+        ],
+    )
+    assert actor_memory(zero).optimizer < need.optimizer

@@ -5,6 +5,7 @@ through transformers, without its weights)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from rlinf_hpc.apps.math.tasks import ArithmeticTask, JsonlTask, make_task, vocabulary_texts
@@ -13,16 +14,19 @@ from rlinf_hpc.apps.math.tasks.teacher import check_teacher
 from rlinf_hpc.config import Config
 from rlinf_hpc.config.apps import require_components
 from rlinf_hpc.engines.host import check_torch_companions, warn_if_bf16_is_slow
+from rlinf_hpc.engines.memory import TrainingMemory, estimate_training_memory, safetensors_parameters
 from rlinf_hpc.engines.model import check_model_dir, check_tokenizer_fits, load_tokenizer
 from rlinf_hpc.engines.tokenizer import CharTokenizer, Tokenizer
 from rlinf_hpc.errors import UserError
 from rlinf_hpc.log import get_logger
 from rlinf_hpc.runtime.metrics import require_tensorboard
+from rlinf_hpc.runtime.oomkill import cgroup_state
 from rlinf_hpc.runtime.rundir import make_writable_dir
 
 log = get_logger("grpo")
 
 COMPONENTS = ("rollout", "reward", "inference", "actor")
+DTYPE_BYTES_OF = {"float32": 4, "bfloat16": 2, "float16": 2}
 CRITIC_WORKER = "rlinf_hpc.apps.math.critic:CriticWorker"
 
 
@@ -46,6 +50,7 @@ def validate(config: Config) -> None:
         )
     if config.model.path:
         check_model_dir(config.model.path)
+        check_actor_fits(config, host_memory_bytes())
     if config.grpo.rollout_backend == "vllm":
         from rlinf_hpc.engines.vllm_engine import check_vllm_install
 
@@ -62,6 +67,50 @@ def validate(config: Config) -> None:
     check_prompts(config, task)
     check_teacher(config.sft, config.task)
     check_cache_dir(config.sft.cache_dir)
+
+
+def host_memory_bytes() -> int | None:
+    """Memory this host's ranks may use: the node's, or its memory cgroup's limit if lower."""
+    state = cgroup_state()
+    limits = [state.get("node_total_mb"), state.get("cgroup_limit_mb")]
+    known = [mb for mb in limits if mb]
+    return int(min(known) * 2**20) if known else None
+
+
+def actor_memory(config: Config) -> TrainingMemory:
+    """One actor rank's estimate for the model directory in ``model.path`` (see
+    `rlinf_hpc.engines.memory`)."""
+    grpo, actor = config.grpo, config.components["actor"]
+    shape = json.loads((Path(config.model.path).expanduser() / "config.json").read_text(encoding="utf-8"))
+    shape = shape.get("text_config", shape)
+    tokens = grpo.micro_batch_tokens or (
+        grpo.prompts_per_step * grpo.group_size // max(actor.num_ranks * grpo.minibatches, 1)
+    ) * (config.task.max_prompt_length + grpo.max_response_length)
+    sharded = grpo.train_backend == "deepspeed"
+    return estimate_training_memory(
+        safetensors_parameters(config.model.path), shape["hidden_size"], shape["intermediate_size"],
+        shape["vocab_size"], shape["num_hidden_layers"], DTYPE_BYTES_OF[config.model.dtype], tokens,
+        config.model.gradient_checkpointing, actor.num_ranks if sharded else 1,
+        actor.num_ranks if sharded and grpo.zero_stage == 2 else 1,
+    )  # fmt: skip
+
+
+def check_actor_fits(config: Config, host_bytes: int | None) -> None:
+    """`UserError` when one CPU actor rank's estimate (parameters, gradients, AdamW state,
+    activations at the token budget) exceeds this host's memory, before anything loads."""
+    if config.components["actor"].device != "cpu" or host_bytes is None:
+        return  # a GPU's memory is known on its rank only; the rank's OOM is reported there
+    need = actor_memory(config)
+    if need.total <= host_bytes:
+        return
+    raise UserError(
+        f"the actor cannot fit: training {config.model.path} in {config.model.dtype} needs about "
+        f"{need.describe()} on one actor rank, and this host has {host_bytes / 2**30:.1f} GiB. "
+        "To fit: lower grpo.micro_batch_tokens (activations), set model.gradient_checkpointing = "
+        'true, shard the optimizer with grpo.train_backend = "deepspeed" over more '
+        "components.actor.num_ranks (zero_stage = 2 shards gradients too), or use a host with "
+        "more memory."
+    )
 
 
 def check_prompts(config: Config, task: ArithmeticTask | JsonlTask) -> None:
