@@ -1,7 +1,9 @@
 """Data-parallel training of one model over its component group: torch DDP with AdamW (gloo on
-CPU, NCCL on GPU), or DeepSpeed ZeRO-1/2 with the same AdamW handed to it as a client optimizer
-(no fused-Adam compile). ZeRO-1/2 keep full parameters on every rank, so the weight sync reads
-them as they are; ZeRO-3 is not offered."""
+CPU, NCCL on GPU), DeepSpeed ZeRO-1/2 with the same AdamW handed to it as a client optimizer
+(no fused-Adam compile), or FSDP2 (``fully_shard``: parameters, gradients and AdamW state
+sharded over the group, each transformer block its own unit). ZeRO-1/2 keep full parameters on
+every rank, so the weight sync reads them as they are; FSDP2's are gathered a tensor at a time
+(`rlinf_hpc.workers.weights.full_parameters`); ZeRO-3 is not offered."""
 
 from __future__ import annotations
 
@@ -38,6 +40,10 @@ class Trainer:
         self.engine: Any = None
         if backend == "deepspeed":
             self._init_deepspeed(lr, zero_stage)
+        elif backend == "fsdp2":
+            shard_model(model, device)
+            self.module = model
+            self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, **self.adam)
         else:
             self.module = wrap_data_parallel(model, device)
             self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, **self.adam)
@@ -97,6 +103,10 @@ class Trainer:
             return
         if first:
             self.optimizer.zero_grad(set_to_none=True)
+        if self.backend == "fsdp2":  # reduce-scatter the gradients in the last backward only
+            self.model.set_requires_gradient_sync(last)  # type: ignore[operator]
+            yield
+            return
         no_sync = getattr(self.module, "no_sync", None)
         if last or no_sync is None:
             yield
@@ -120,7 +130,8 @@ class Trainer:
             return float(norm) if norm is not None else float("nan")
         params = [p for p in self.model.parameters() if p.grad is not None]
         limit = self.clip_norm if self.clip_norm else float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(params, limit).item()
+        total = torch.nn.utils.clip_grad_norm_(params, limit)
+        norm = (total.full_tensor() if hasattr(total, "full_tensor") else total).item()
         self.optimizer.step()
         return norm
 
@@ -165,3 +176,19 @@ class Trainer:
         """What a full context switch moves: model and optimizer (DDP); the model only under
         DeepSpeed, whose ZeRO partitions stay where they are."""
         return self.model if self.engine is not None else (self.model, self.optimizer)
+
+
+def shard_model(model: torch.nn.Module, device: str) -> None:
+    """FSDP2 over the default process group (the component group's): each module of a class
+    the model names unsplittable (Hugging Face's ``_no_split_modules``: its transformer blocks)
+    is a unit, the rest (embeddings, final norm, a tied output layer) the root's."""
+    from torch.distributed import get_world_size
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cuda" if device.startswith("cuda") else "cpu", (get_world_size(),))
+    blocks = set(getattr(model, "_no_split_modules", None) or [])
+    for module in model.modules():
+        if type(module).__name__ in blocks:
+            fully_shard(module, mesh=mesh)
+    fully_shard(model, mesh=mesh)

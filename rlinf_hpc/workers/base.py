@@ -182,6 +182,21 @@ class Worker:
         """Take back what `state_dict` returned (tensors arrive on the CPU)."""
         raise NotImplementedError(f"{type(self).__name__} saves state but has no load_state_dict()")
 
+    #: Whether `sharded_state` can be loaded by a group of another size (torch.distributed.
+    #: checkpoint re-shards it): a resume onto another width is then allowed.
+    reshardable_state: bool = False
+
+    def sharded_state(self) -> dict[str, Any] | None:
+        """State held as shards over the group (DTensors, e.g. an FSDP2 model and its
+        optimizer), saved by every group rank together through torch.distributed.checkpoint
+        beside `state_dict`; None (default) for none."""
+        return None
+
+    def load_sharded_state(self, read: Any) -> None:
+        """Take back `sharded_state`: build the state to fill, call ``read(state)`` (every group
+        rank together; it loads the saved shards into it in place), then apply it."""
+        raise NotImplementedError(f"{type(self).__name__} saves sharded state but cannot load it")
+
     def keep_state(self, limit_bytes: int = ADOPT_LIMIT_BYTES) -> dict[str, Any]:
         """Before ranks join this component (``auto`` moving back to collocated): keep a host
         copy of `state_dict` for `adopt_state` — a joiner's ``setup`` and the regrouped ranks'

@@ -60,3 +60,26 @@ def token_micro_batches(lengths: list[int], budget: int) -> list[list[int]]:
         else:
             batches.append([i])
     return batches
+
+
+def split_to_count(batches: list[list[int]], lengths: list[int], count: int) -> list[list[int]]:
+    """``batches`` split until there are ``count`` of them (each rank of a sharded model must
+    run as many forwards as the others): the one of largest padded size is halved each time;
+    when every batch is a single sequence, empty batches stand for forwards that count nothing.
+
+    >>> split_to_count([[0, 1, 2], [3]], [4, 4, 4, 9], 3)
+    [[3], [0], [1, 2]]
+    >>> split_to_count([[0]], [4], 2)
+    [[0], []]
+    """
+    batches = [list(b) for b in batches]
+    while len(batches) < count:
+        splittable = [b for b in batches if len(b) > 1]
+        if not splittable:
+            batches.append([])
+            continue
+        largest = max(splittable, key=lambda b: max(lengths[i] for i in b) * len(b))
+        batches.remove(largest)
+        half = len(largest) // 2
+        batches += [largest[:half], largest[half:]]
+    return batches

@@ -16,6 +16,7 @@ needs the pulls issued in target order — as `apps.math.flow.sync_weights` does
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -37,11 +38,22 @@ def parameters_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return params | buffers
 
 
+def full_parameters(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """`parameters_of` whole, one tensor at a time: an FSDP2 model's shards are all-gathered
+    per tensor (every rank of its group must iterate in step), others' are yielded as they are."""
+    for name, tensor in parameters_of(model).items():
+        yield name, (tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor)
+
+
 def send_weights(plane: DataPlane, model: torch.nn.Module, targets: list[tuple[int, Any]]) -> int:
     """Send ``model``'s parameters to every ``(world rank, tag)`` in ``targets`` (a rank that
     hosts two receiving components gets one message per tag), over a binomial tree of the
     remote targets; returns bytes per target."""
-    params = parameters_of(model)
+    return send_tensors(plane, parameters_of(model), targets)
+
+
+def send_tensors(plane: DataPlane, params: dict[str, torch.Tensor], targets: list[tuple[int, Any]]) -> int:
+    """`send_weights` of a name -> tensor dict (e.g. gathered from a sharded model)."""
     remote: list[tuple[int, Any]] = []
     for rank, tag in targets:
         if rank == plane.rank:

@@ -38,8 +38,8 @@ from rlinf_hpc.engines.distributed import (
 from rlinf_hpc.engines.generation import sequence_logprobs, shared_prefix_logprobs
 from rlinf_hpc.engines.training import Trainer
 from rlinf_hpc.runtime.progress import Progress
-from rlinf_hpc.workers.sharding import even_share, minibatch_share, token_micro_batches
-from rlinf_hpc.workers.weights import send_weights
+from rlinf_hpc.workers.sharding import even_share, minibatch_share, split_to_count, token_micro_batches
+from rlinf_hpc.workers.weights import full_parameters, send_tensors, send_weights
 
 
 class ActorWorker(PolicyWorker):
@@ -54,7 +54,8 @@ class ActorWorker(PolicyWorker):
         if self.config.model.gradient_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         deepspeed = grpo.train_backend == "deepspeed"
-        self.distributed = init_group_process_group(self.group, self.device, always=deepspeed)
+        always = grpo.train_backend != "ddp"  # DeepSpeed and FSDP2's mesh want a group even of one
+        self.distributed = init_group_process_group(self.group, self.device, always=always)
         broadcast_parameters(self.model)
         clip = grpo.max_grad_norm if deepspeed else self.config.sft.max_grad_norm  # DeepSpeed: fixed
         self.trainer = Trainer(
@@ -66,12 +67,46 @@ class ActorWorker(PolicyWorker):
 
     @property  # type: ignore[override]
     def replicated_state(self) -> bool:
-        """DDP ranks hold the same model and optimizer; ZeRO ranks hold their own partition."""
-        return self.config.grpo.train_backend != "deepspeed"
+        """DDP ranks hold the same model and optimizer; ZeRO and FSDP2 ranks their own part."""
+        return self.config.grpo.train_backend == "ddp"
 
-    def state_dict(self) -> dict[str, Any]:
-        """The policy and the RL optimizer (Adam moments, step, learning rate)."""
+    @property  # type: ignore[override]
+    def reshardable_state(self) -> bool:
+        """FSDP2's state goes through torch.distributed.checkpoint: any width can load it."""
+        return self.config.grpo.train_backend == "fsdp2"
+
+    def state_dict(self) -> dict[str, Any] | None:
+        """The policy and the RL optimizer (Adam moments, step, learning rate); FSDP2's are
+        `sharded_state`."""
+        if self.config.grpo.train_backend == "fsdp2":
+            return None
         return {"model": self.model.state_dict(), "optimizer": self.trainer.optimizer_state_dict()}
+
+    def sharded_state(self) -> dict[str, Any] | None:
+        """FSDP2: the policy and the RL optimizer as this rank's shards (DTensors), for
+        torch.distributed.checkpoint."""
+        if self.config.grpo.train_backend != "fsdp2":
+            return None
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model, optimizer = get_state_dict(self.model, self.trainer.optimizer)
+        return {"model": model, "optimizer": optimizer}
+
+    def load_sharded_state(self, read: Any) -> None:
+        """Resume FSDP2: the RL optimizer as the warm start leaves it, ``read`` fills this
+        rank's shards of it and of the policy in place (re-sharded to this group's width)."""
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        self._start_rl()
+        state = self.sharded_state()
+        assert state is not None, "load_sharded_state on an actor that is not FSDP2"
+        read(state)
+        set_state_dict(
+            self.model,
+            self.trainer.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optimizer"],
+        )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the RL optimizer as the warm start leaves it, then the saved state."""
@@ -82,10 +117,11 @@ class ActorWorker(PolicyWorker):
     def on_regroup(self) -> None:
         """The actor group changed (re-partition): rebuild data parallelism over the new group;
         weights and optimizer state stay."""
-        if self.config.grpo.train_backend == "deepspeed":
+        if self.config.grpo.train_backend != "ddp":
             raise RuntimeError(
-                "the DeepSpeed actor cannot change its ranks while the job runs (its ZeRO "
-                'partitions are fixed); keep the actor\'s ranks, or use train_backend = "ddp"'
+                f"the {self.config.grpo.train_backend} actor cannot change its ranks while the job "
+                "runs (its shards are fixed until a checkpoint re-shards them); keep the actor's "
+                'ranks, or use train_backend = "ddp"'
             )
         optimizer = self.trainer.optimizer
         self._drop_process_group()
@@ -110,7 +146,7 @@ class ActorWorker(PolicyWorker):
     # -- warm start ------------------------------------------------------------------------------
     def _cache_file(self) -> Path | None:
         sft = self.config.sft
-        if not sft.cache_dir:
+        if not sft.cache_dir or self.config.grpo.train_backend == "fsdp2":  # no whole state_dict
             return None
         key = json.dumps(
             {
@@ -326,9 +362,15 @@ class ActorWorker(PolicyWorker):
         (minibatch, micro-batch), filled in at their first forward."""
         lengths = [len(s["prompt"]) + len(s["ids"]) for s in chunk]
         micro = token_micro_batches(lengths, self.config.grpo.micro_batch_tokens)
+        if self.config.grpo.train_backend == "fsdp2" and self.group_size > 1:
+            # every forward all-gathers the shards: each rank must run as many micro-batches
+            micro = split_to_count(micro, lengths, max(self.group.allgather(len(micro))))
         parts = []
         for j, index in enumerate(micro):
             with self.trainer.accumulate(first=j == 0, last=j == len(micro) - 1):
+                if not index:  # a forward the other ranks run too; it contributes nothing
+                    self._micro_batch_loss([chunk[0]], advantages[[0]], dp, None, (m, j), weight=0.0)
+                    continue
                 parts.append(
                     self._micro_batch_loss([chunk[i] for i in index], advantages[index], dp, proximal, (m, j))
                 )
@@ -343,12 +385,16 @@ class ActorWorker(PolicyWorker):
         dp: Any,
         proximal: dict[tuple[int, int], torch.Tensor] | None,
         key: tuple[int, int],
+        weight: float = 1.0,
     ) -> tuple[np.ndarray, int]:
         """Forward and backward of one micro-batch: its metrics (losses as its share of the
         minibatch's, the rest as its own token means) and its response tokens."""
         grpo = self.config.grpo
         width = grpo.max_response_length
-        logprobs, entropies = shared_prefix_logprobs(
+        # FSDP2 all-gathers in every forward: one forward per micro-batch on every rank, not
+        # the shared-prefix pair that only micro-batches with a repeated prompt take
+        forward = sequence_logprobs if grpo.train_backend == "fsdp2" else shared_prefix_logprobs
+        logprobs, entropies = forward(
             self.trainer.module, [s["prompt"] for s in part], [s["ids"] for s in part],
             self.tokenizer.pad_id, self.device, with_entropy=True,
         )  # fmt: skip
@@ -371,7 +417,7 @@ class ActorWorker(PolicyWorker):
             kl_tokens = kl_penalty(logp, ref, grpo.kl_estimator)
             loss = loss + grpo.kl_coef * agg_loss(kl_tokens, mask, grpo.loss_agg_mode, dp)
             kl = masked_mean(kl_tokens.detach(), mask)
-        self.trainer.backward(loss)
+        self.trainer.backward(loss * weight if weight != 1.0 else loss)
         values = [
             loss.item(), pg_loss.item(), metrics.pg_clipfrac.item(), metrics.pg_clipfrac_lower.item(),
             metrics.ppo_kl.item(), masked_mean(entropy.detach(), mask).item(), kl.item(),
@@ -396,10 +442,23 @@ class ActorWorker(PolicyWorker):
 
     def push_weights(self, targets: list[tuple[int, str]]) -> dict[str, float]:
         """Send the policy to every ``(world rank, component)`` in ``targets`` (their
-        `pull_weights` receives)."""
+        `pull_weights` receives). FSDP2: every actor rank is called; the shards are gathered
+        a tensor at a time into one host copy on group rank 0, which sends it."""
         started = time.monotonic()
         tagged = [(rank, (WEIGHTS_TAG, component)) for rank, component in targets]
-        nbytes = send_weights(self.comm, self.model, tagged)
+        if self.config.grpo.train_backend != "fsdp2":
+            nbytes = send_weights(self.comm, self.model, tagged)
+            return {"seconds": time.monotonic() - started, "bytes": nbytes}
+        full = getattr(self, "_full_weights", None)
+        for name, tensor in full_parameters(self.model):
+            if self.group_rank == 0:
+                if full is None:
+                    full = self._full_weights = {}
+                if name not in full:
+                    full[name] = torch.empty_like(tensor, device="cpu")
+                full[name].copy_(tensor)
+            del tensor
+        nbytes = send_tensors(self.comm, full, tagged) if self.group_rank == 0 else 0
         return {"seconds": time.monotonic() - started, "bytes": nbytes}
 
 

@@ -223,8 +223,12 @@ class GRPOConfig(_Section):
     vllm_kv_cache_gib: float = Field(
         1.0, gt=0, description="vLLM on CPU: host memory of each rollout rank's KV cache (GiB)."
     )
-    train_backend: Literal["ddp", "deepspeed"] = Field(
-        "ddp", description="Actor data parallelism: torch DDP (gloo on CPU, NCCL on GPU) or DeepSpeed ZeRO."
+    train_backend: Literal["ddp", "deepspeed", "fsdp2"] = Field(
+        "ddp",
+        description="Actor data parallelism (gloo on CPU, NCCL on GPU): torch DDP (everything "
+        "replicated), DeepSpeed ZeRO-1/2 (optimizer, and gradients at stage 2, partitioned), or "
+        "FSDP2 (`fully_shard`: parameters, gradients and optimizer sharded; checkpoints through "
+        "torch.distributed.checkpoint, which re-shards them to another actor width on resume).",
     )
     zero_stage: Literal[1, 2] = Field(1, description="DeepSpeed ZeRO stage when train_backend = deepspeed.")
 
@@ -283,6 +287,14 @@ def check_batches(config: Any) -> None:
             f"split evenly over {actor.num_ranks} actor rank(s) x {grpo.minibatches} "
             "minibatch(es); every rank must take the same number of samples per optimizer step "
             "(DDP). Change prompts_per_step, group_size, minibatches or components.actor.num_ranks"
+        )
+    if grpo.train_backend == "fsdp2" and sft.steps and sft.stop_at_accuracy:
+        raise ValueError(
+            'grpo.train_backend = "fsdp2" with a warm start that stops at an accuracy '
+            f"(sft.stop_at_accuracy = {sft.stop_at_accuracy}): the check generates on each actor "
+            "rank, and a sharded model's ranks must run the same forwards, which generation that "
+            "ends at each answer's end-of-text does not. Set sft.stop_at_accuracy = 0 (run all "
+            "sft.steps) or sft.steps = 0"
         )
     if sft.steps and sft.batch_size % actor.num_ranks:
         raise ValueError(

@@ -57,7 +57,9 @@ def sync_weights(
     source = placement.ranks_of("actor")[0]
     targets = [(rank, name) for name in names for rank in placement.ranks_of(name)]
     started = time.monotonic()
-    push = coordinator.group("actor").subset([0]).call("push_weights", targets)
+    actor = coordinator.group("actor")
+    sharded = coordinator.config.grpo.train_backend == "fsdp2"  # every shard joins the gathers
+    push = (actor if sharded else actor.subset([0])).call("push_weights", targets)
     pulls = [coordinator.group(name).call("pull_weights", source) for name in names]
     sent = push.result()[0]
     for pull in pulls:

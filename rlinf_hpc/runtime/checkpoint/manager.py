@@ -64,6 +64,7 @@ class _Pending:
     replicated: dict[str, bool]
     waiting: set[str]
     files: dict[str, dict[str, Any]] = field(default_factory=dict)
+    reshardable: dict[str, bool] = field(default_factory=dict)
 
 
 class CheckpointManager:
@@ -167,6 +168,13 @@ class CheckpointManager:
         for name, info in checkpoint.manifest["components"].items():
             now = len(current.get(name, []))
             if info["ranks"] == now:
+                continue
+            if info.get("reshardable"):
+                log.info(
+                    "component '%s' had %d rank(s), now %d: its sharded state is re-sharded by "
+                    "torch.distributed.checkpoint; ranks without a saved RNG state start fresh",
+                    name, info["ranks"], now,
+                )  # fmt: skip
                 continue
             if not info["replicated"]:
                 raise UserError(
@@ -272,14 +280,24 @@ class CheckpointManager:
                 "groups": groups,
             }
         )
-        replicated = {}
+        replicated, reshardable = {}, {}
         for name, future in futures.items():
             replies = future.result()
             replicated[name] = all(r["replicated"] for r in replies)
+            reshardable[name] = all(r.get("reshardable", False) for r in replies)
         stall = time.monotonic() - started
         write = BackgroundWrite(staging, COORDINATOR_FILE, own, asynchronous)
         self._pending = _Pending(
-            step, reason, staging, started, stall, write, groups, replicated, set(groups)
+            step,
+            reason,
+            staging,
+            started,
+            stall,
+            write,
+            groups,
+            replicated,
+            set(groups),
+            reshardable=reshardable,
         )
         self._last_save = time.monotonic()
         if wait:
@@ -343,7 +361,11 @@ class CheckpointManager:
             "reason": pending.reason,
             "world": {"size": len(self.coordinator.worker_ranks) + 1, "groups": pending.groups},
             "components": {
-                name: {"ranks": len(ranks), "replicated": pending.replicated[name]}
+                name: {
+                    "ranks": len(ranks),
+                    "replicated": pending.replicated[name],
+                    "reshardable": pending.reshardable.get(name, False),
+                }
                 for name, ranks in pending.groups.items()
             },
             "config_hash": config_hash(config),
