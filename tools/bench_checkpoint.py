@@ -40,15 +40,23 @@ REQUIRED = {  # ratio name -> (comparison, bound)
 MB = 1 << 20
 
 
-def bench_files(mb: int, repeats: int, where: Path) -> dict[str, float]:
+def synthetic_state(mb: int) -> dict:
+    """``mb`` MB of 64 MB float32 matrices, like a model's large ones."""
+    import torch
+
+    torch.manual_seed(0)
+    return {f"layer{i}.weight": torch.randn(4096, 4096) for i in range(max(1, mb // 64))}
+
+
+def bench_files(state: dict, repeats: int, where: Path) -> dict[str, float]:
+    """Save and load times of ``state`` (a flat dict of host tensors): ours (sync, async
+    stall, verified load) against torch.save / safetensors / torch.load, to ``where``."""
     import torch
     from safetensors.torch import save_file
 
     from rlinf_hpc.runtime.checkpoint import host_copy, host_view, read_state, write_state
     from rlinf_hpc.runtime.checkpoint.files import file_digest, fsync_path
 
-    torch.manual_seed(0)
-    state = {f"layer{i}.weight": torch.randn(4096, 4096) for i in range(max(1, mb // 64))}
     nbytes = sum(t.numel() * t.element_size() for t in state.values())
     raw: dict[str, float] = {"state_bytes": nbytes}
 
@@ -84,9 +92,14 @@ def bench_files(mb: int, repeats: int, where: Path) -> dict[str, float]:
     raw |= {key: statistics.median(values) for key, values in times.items()}
     host_copy(state, pool)  # an async save's stall: the copy into the last save's buffers
     raw["ours_stall_s"] = median_time(lambda: host_copy(state, pool), repeats, warmup=False)
+    pool.clear()  # its memory back before the loads
     raw["ours_bytes"] = sum(r["size"] for r in records)
     baseline = where / "baseline.pt"
     raw["torch_load_s"] = median_time(lambda: torch.load(baseline, weights_only=True), repeats, warmup=False)
+    from safetensors.torch import load_file
+
+    flat = where / "baseline.safetensors"
+    raw["safetensors_load_s"] = median_time(lambda: load_file(str(flat)), repeats, warmup=False)
 
     def ours_load() -> None:
         for record in records:
@@ -149,7 +162,7 @@ def main() -> int:
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         where = Path(tmp)
-        raw = bench_files(args.mb, args.repeats, where)
+        raw = bench_files(synthetic_state(args.mb), args.repeats, where)
         if args.main_steps:
             raw |= bench_main_job(args.main_steps, where)
     baseline = min(raw["torch_save_s"], raw["safetensors_save_s"])
