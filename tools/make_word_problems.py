@@ -20,7 +20,7 @@ from pathlib import Path
 
 NAMES = ["Ada", "Bilal", "Chen", "Dara", "Emeka", "Freya", "Goran", "Hana", "Ines", "Jun"]
 THINGS = ["apples", "stamps", "marbles", "books", "shells", "pencils", "cards", "coins"]
-INSTRUCTION = "Let's think step by step and output the final answer after \"####\"."
+INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 
 
 def problem(rng: random.Random) -> dict[str, str]:
@@ -69,9 +69,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(args.seed)
-    splits = {"train": [problem(rng) for _ in range(args.train)], "test": [problem(rng) for _ in range(args.eval)]}
+    splits = {
+        "train": [problem(rng) for _ in range(args.train)],
+        "test": [problem(rng) for _ in range(args.eval)],
+    }
     for split, rows in splits.items():
-        (args.out / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+        (args.out / f"{split}.jsonl").write_text(
+            "".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8"
+        )
         try:
             write_parquet(rows, args.out / f"{split}.parquet", split)
         except ModuleNotFoundError:
