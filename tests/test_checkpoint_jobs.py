@@ -338,7 +338,8 @@ def test_more_data_parallel_actor_ranks_load_the_replicated_state(tmp_path: Path
         and "(step 2, saved for: end)" in wider.output
     )
     manifest = json.loads((_final(run_dir) / "manifest.json").read_text())
-    assert manifest["step"] == 4 and manifest["components"]["actor"] == {"ranks": 2, "replicated": True, "reshardable": False}
+    assert manifest["step"] == 4
+    assert manifest["components"]["actor"] == {"ranks": 2, "replicated": True, "reshardable": False}
 
 
 @pytest.mark.slow  # four 6-rank jobs: over 4 min on a slow box

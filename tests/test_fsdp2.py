@@ -65,3 +65,12 @@ def test_fsdp2_trains_like_ddp_and_resumes_its_sharded_state_on_fewer_ranks(tmp_
         assert mine["reward"] == theirs["reward"]
         assert mine["loss"] == pytest.approx(theirs["loss"], rel=1e-4, abs=1e-6)
         assert mine["grad_norm"] == pytest.approx(theirs["grad_norm"], rel=1e-4)
+
+
+def test_fsdp2_refuses_a_warm_start_that_generates_on_each_rank() -> None:
+    from rlinf_hpc.config import load_config
+    from rlinf_hpc.errors import UserError
+
+    with pytest.raises(UserError, match="sft.stop_at_accuracy = 0.3"):
+        load_config(CONFIGS / "math_grpo_tiny.toml", ["grpo.train_backend=fsdp2", "sft.stop_at_accuracy=0.3"])
+    load_config(CONFIGS / "math_grpo_tiny.toml", ["grpo.train_backend=fsdp2", "sft.stop_at_accuracy=0"])

@@ -274,11 +274,20 @@ class GRPOConfig(_Section):
 
 
 def check_batches(config: Any) -> None:
-    """Every actor rank takes the same number of samples per optimizer step (DDP)."""
+    """Checks across sections of the actor's batches and backend: every actor rank takes the same
+    number of samples per optimizer step (DDP); FSDP2 with no warm start that generates per rank."""
+    grpo, sft = config.grpo, config.sft
+    if grpo.train_backend == "fsdp2" and sft.steps and sft.stop_at_accuracy:
+        raise ValueError(
+            'grpo.train_backend = "fsdp2" with a warm start that stops at an accuracy '
+            f"(sft.stop_at_accuracy = {sft.stop_at_accuracy}): the check generates on each actor "
+            "rank, and a sharded model's ranks must run the same forwards, which generation that "
+            "ends at each answer's end-of-text does not. Set sft.stop_at_accuracy = 0 (run all "
+            "sft.steps) or sft.steps = 0"
+        )
     actor = config.components.get("actor")
     if actor is None or config.placement.mode == "auto":
         return
-    grpo, sft = config.grpo, config.sft
     samples = grpo.prompts_per_step * grpo.group_size
     shares = actor.num_ranks * grpo.minibatches
     if samples % shares:
@@ -287,14 +296,6 @@ def check_batches(config: Any) -> None:
             f"split evenly over {actor.num_ranks} actor rank(s) x {grpo.minibatches} "
             "minibatch(es); every rank must take the same number of samples per optimizer step "
             "(DDP). Change prompts_per_step, group_size, minibatches or components.actor.num_ranks"
-        )
-    if grpo.train_backend == "fsdp2" and sft.steps and sft.stop_at_accuracy:
-        raise ValueError(
-            'grpo.train_backend = "fsdp2" with a warm start that stops at an accuracy '
-            f"(sft.stop_at_accuracy = {sft.stop_at_accuracy}): the check generates on each actor "
-            "rank, and a sharded model's ranks must run the same forwards, which generation that "
-            "ends at each answer's end-of-text does not. Set sft.stop_at_accuracy = 0 (run all "
-            "sft.steps) or sft.steps = 0"
         )
     if sft.steps and sft.batch_size % actor.num_ranks:
         raise ValueError(
