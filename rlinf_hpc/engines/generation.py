@@ -231,7 +231,7 @@ def shared_prefix_logprobs(
     beside each other or not): each distinct prompt runs through the model once, and every
     completion then attends to its prompt's keys and values (with grad: the loss reaches the
     prompt's positions through them). A group of 16 completions of 6 tokens after a 7-token
-    prompt runs 7 + 16 x 6 positions instead of 16 x 13. Same values as `sequence_logprobs` up
+    prompt runs 6 + 16 x 7 positions instead of 16 x 13. Same values as `sequence_logprobs` up
     to float rounding. Rows whose prompts are all distinct, or that have an empty completion,
     take `sequence_logprobs`.
 
@@ -243,24 +243,34 @@ def shared_prefix_logprobs(
     prompts, group = _group_rows(prompt_ids)
     inner = getattr(model, "module", model)
     checkpointing = inner.training and getattr(inner, "is_gradient_checkpointing", False)
-    if checkpointing or len(prompts) == len(prompt_ids) or not all(len(c) for c in completion_ids):
+    if (
+        checkpointing
+        or len(prompts) == len(prompt_ids)
+        or min(len(p) for p in prompts) < 2
+        or not all(len(c) for c in completion_ids)
+    ):
         return sequence_logprobs(model, prompt_ids, completion_ids, pad_id, device, with_entropy)
+    # the cache holds each prompt but its last token (whose logits the prefix pass skips); the
+    # second pass runs that token and the completion, so every predicting position's logits
+    # come from one matmul of rows x (1 + width), whatever the number of distinct prompts
     prefix_ids, prefix_mask = _pad(prompts, pad_id, left=True)
     prefix_mask = prefix_mask.to(device)
-    prefix = _prompt_pass(model, prefix_ids.to(device), prefix_mask)
+    prefix = _prompt_pass(model, prefix_ids[:, :-1].to(device), prefix_mask[:, :-1])
     index = torch.tensor(group, device=device)
     cache = prefix.past_key_values
     cache.batch_select_indices(index)  # each row's copy of its prompt's keys and values
     ids, mask = _pad(completion_ids, pad_id, left=False)
-    ids, mask, width = ids.to(device), mask.to(device), ids.shape[1]
-    starts = torch.tensor([len(p) for p in prompts], device=device)[index]
+    ids, mask = ids.to(device), mask.to(device)
+    last = prefix_ids[:, -1:].to(device)[index]
+    inputs = torch.cat([last, ids], dim=1)
+    starts = torch.tensor([len(p) - 1 for p in prompts], device=device)[index]
     rest = model(
-        input_ids=ids,
+        input_ids=inputs,
         attention_mask=torch.cat([prefix_mask[index], mask], dim=1),
-        position_ids=starts[:, None] + torch.arange(width, device=device),
+        position_ids=starts[:, None] + torch.arange(inputs.shape[1], device=device),
         past_key_values=cache,
         use_cache=False,
     )
-    # the prompt's last position predicts each row's first token; completion position t, t + 1
-    logits = _at_least_fp32(torch.cat([prefix.logits[index, -1:], rest.logits[:, :-1]], dim=1))
+    # position 0 (the prompt's last token) predicts each row's first token; position t, t + 1
+    logits = _at_least_fp32(rest.logits[:, :-1])
     return _token_logprobs(logits, ids, [slice(0, len(row)) for row in completion_ids], with_entropy)
