@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from rlinf_hpc.errors import UserError
 from rlinf_hpc.runtime.checkpoint.files import file_digest, fsync_path
 
 
@@ -47,13 +48,15 @@ def has_sharded(directory: Path, component: str) -> bool:
 
 def load_sharded(directory: Path, component: str, state: dict[str, Any]) -> None:
     """Fill ``state`` (this rank's shards, any group width) from the checkpoint, in place;
-    `ValueError` saying why when the saved state does not fit it."""
+    `UserError` saying why when the saved state does not fit it (another model or backend)."""
     import torch.distributed.checkpoint as dcp
 
     try:
         dcp.load(state, checkpoint_id=str(sharded_dir(directory, component)))
     except (RuntimeError, ValueError, KeyError) as exc:  # DCP's CheckpointException is a RuntimeError
-        raise ValueError(
+        raise UserError(
             f"the sharded state of '{component}' in {directory} does not load into this job's "
-            f"{component} ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else exc})"
+            f"{component} ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else exc}). "
+            "Resume with the model and train_backend it was saved with, or start afresh with "
+            "--resume never."
         ) from None
