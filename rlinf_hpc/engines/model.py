@@ -103,11 +103,17 @@ def load_tokenizer(path: str) -> HFTokenizer:
         ) from None
 
 
+def text_config(path: str) -> dict[str, Any]:
+    """The language model's part of a model directory's config.json (its ``text_config`` in a
+    multimodal one), for shapes: hidden size, layers, vocabulary."""
+    config = json.loads((Path(path).expanduser() / "config.json").read_text(encoding="utf-8"))
+    return dict(config.get("text_config") or config)
+
+
 def check_tokenizer_fits(path: str, tokenizer: Tokenizer) -> None:
     """`UserError` when the tokenizer has ids the model's embedding has no row for (a
     tokenizer from another model): they would index past the table on the first prompt."""
-    config = json.loads((Path(path).expanduser() / "config.json").read_text(encoding="utf-8"))
-    rows = config.get("vocab_size") or config.get("text_config", {}).get("vocab_size")
+    rows = text_config(path).get("vocab_size")
     if rows is not None and tokenizer.vocab_size > int(rows):
         raise UserError(
             f"model.path = '{path}': the tokenizer has {tokenizer.vocab_size} tokens but the "

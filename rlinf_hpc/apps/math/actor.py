@@ -417,7 +417,7 @@ class ActorWorker(PolicyWorker):
             kl_tokens = kl_penalty(logp, ref, grpo.kl_estimator)
             loss = loss + grpo.kl_coef * agg_loss(kl_tokens, mask, grpo.loss_agg_mode, dp)
             kl = masked_mean(kl_tokens.detach(), mask)
-        self.trainer.backward(loss * weight if weight != 1.0 else loss)
+        self.trainer.backward(loss * weight)
         values = [
             loss.item(), pg_loss.item(), metrics.pg_clipfrac.item(), metrics.pg_clipfrac_lower.item(),
             metrics.ppo_kl.item(), masked_mean(entropy.detach(), mask).item(), kl.item(),
@@ -449,15 +449,14 @@ class ActorWorker(PolicyWorker):
         if self.config.grpo.train_backend != "fsdp2":
             nbytes = send_weights(self.comm, self.model, tagged)
             return {"seconds": time.monotonic() - started, "bytes": nbytes}
-        full = getattr(self, "_full_weights", None)
+        # group rank 0's host copy, allocated at the first sync and reused; the others only
+        # take part in each tensor's all-gather
+        full: dict[str, torch.Tensor] = self.__dict__.setdefault("_full_weights", {})
         for name, tensor in full_parameters(self.model):
             if self.group_rank == 0:
-                if full is None:
-                    full = self._full_weights = {}
                 if name not in full:
                     full[name] = torch.empty_like(tensor, device="cpu")
                 full[name].copy_(tensor)
-            del tensor
         nbytes = send_tensors(self.comm, full, tagged) if self.group_rank == 0 else 0
         return {"seconds": time.monotonic() - started, "bytes": nbytes}
 

@@ -5,7 +5,6 @@ through transformers, without its weights)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from rlinf_hpc.apps.math.tasks import ArithmeticTask, JsonlTask, make_task, vocabulary_texts
@@ -15,7 +14,7 @@ from rlinf_hpc.config import Config
 from rlinf_hpc.config.apps import require_components
 from rlinf_hpc.engines.host import check_torch_companions, warn_if_bf16_is_slow
 from rlinf_hpc.engines.memory import TrainingMemory, estimate_training_memory, safetensors_parameters
-from rlinf_hpc.engines.model import check_model_dir, check_tokenizer_fits, load_tokenizer
+from rlinf_hpc.engines.model import check_model_dir, check_tokenizer_fits, load_tokenizer, text_config
 from rlinf_hpc.engines.tokenizer import CharTokenizer, Tokenizer
 from rlinf_hpc.errors import UserError
 from rlinf_hpc.log import get_logger
@@ -81,8 +80,7 @@ def actor_memory(config: Config) -> TrainingMemory:
     """One actor rank's estimate for the model directory in ``model.path`` (see
     `rlinf_hpc.engines.memory`)."""
     grpo, actor = config.grpo, config.components["actor"]
-    shape = json.loads((Path(config.model.path).expanduser() / "config.json").read_text(encoding="utf-8"))
-    shape = shape.get("text_config", shape)
+    shape = text_config(config.model.path)
     tokens = grpo.micro_batch_tokens or (
         grpo.prompts_per_step * grpo.group_size // max(actor.num_ranks * grpo.minibatches, 1)
     ) * (config.task.max_prompt_length + grpo.max_response_length)
