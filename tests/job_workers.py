@@ -30,6 +30,11 @@ class ProbeWorker(Worker):
     def fail(self, message: str) -> None:
         raise ValueError(message)
 
+    def fail_on(self, world_rank: int, message: str) -> None:
+        """Raise on world rank ``world_rank`` only (the others return)."""
+        if self.rank == world_rank:
+            raise ValueError(message)
+
     def sleep(self, seconds: float) -> float:
         start = time.process_time()
         time.sleep(seconds)
@@ -136,6 +141,24 @@ def signal_flow(coordinator: Coordinator) -> None:
     busy = coordinator.group("alpha").call("sleep", 120.0)  # sent before the test may signal
     print("PIDS " + " ".join(map(str, pids)), flush=True)
     busy.result(timeout=300)
+
+
+def fault_flow(coordinator: Coordinator) -> None:
+    """`signal_flow`, with the fault PROBE_FAULT names done by the job itself: ``raise:N`` (rank
+    N's worker raises in a call; rank 0: the flow raises)."""
+    fault = os.environ.get("PROBE_FAULT", "")
+    if not fault.startswith("raise:"):
+        return signal_flow(coordinator)
+    pids = [os.getpid()]
+    for name in coordinator.placement.groups:
+        pids += coordinator.group(name).call("pid").result()
+    print("PIDS " + " ".join(map(str, pids)), flush=True)
+    rank = int(fault.split(":")[1])
+    if rank == 0:
+        raise RuntimeError("boom on the coordinator, from the test")
+    name = next(n for n, ranks in coordinator.placement.groups.items() if rank in ranks)
+    coordinator.group(name).call("fail_on", rank, "boom from the test").result(timeout=120)
+    return None
 
 
 def repartition_flow(coordinator: Coordinator) -> dict[str, Any]:

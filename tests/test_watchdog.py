@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from rlinf_hpc.runtime import oomkill
+from rlinf_hpc.runtime import accounting, oomkill
 from rlinf_hpc.runtime.heartbeat import Heartbeat
 from rlinf_hpc.runtime.watchdog import Watchdog
 
@@ -67,8 +67,13 @@ def test_a_stopped_rank_is_named_with_every_stack_and_ends_the_job(tmp_path: Pat
     assert f"rank 2 (beta) on {os.uname().nodename}, pid {victim}: no heartbeat for" in out, out
     assert took < 6.0 + 5.0 + 10.0, took  # hang_timeout_s + a beat + the stack collection
     stacks = {p.name: p.read_text() for p in (run_dir / "stacks").glob("rank-*.txt")}
-    assert {"rank-0.txt", "rank-1.txt", "rank-2.txt"} <= set(stacks), stacks
+    assert {"rank-0.txt", "rank-1.txt", "rank-2.outside.txt"} <= set(stacks), stacks
     assert "in sleep" in stacks["rank-1.txt"]  # alpha is busy in the flow's long call
+    # the stopped rank was read from outside and never resumed: it did not dump its own stack
+    # (its heartbeat thread would have, at its next beat), and it was still stopped when read
+    assert "rank-2.txt" not in stacks, stacks["rank-2.txt"]
+    assert "State:\tT (stopped)" in stacks["rank-2.outside.txt"], stacks["rank-2.outside.txt"]
+    assert "Thread" in stacks["rank-2.outside.txt"]  # py-spy's Python stack of it
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["outcome"] == "rank stopped" and summary["culprit"]["rank"] == 2
     assert summary["culprit"]["component"] == "beta"
@@ -226,9 +231,10 @@ def test_a_killed_rank_is_named_not_just_a_pid(tmp_path: Path, victim: int, name
     if victim != culprit["rank"]:
         assert "any of them may have been first" in out, out
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
-    died = events[-1]["culprit"]
-    assert events[-1]["event"] == "rank_died"
-    assert name in [died["component"], *[c["component"] for c in died.get("simultaneous", [])]]
+    died = [e["culprit"] for e in events if e["event"] == "rank_died"]
+    ends = [e["culprit"] for e in events if e["event"] == "end"]
+    assert died == [culprit] and ends == [culprit], events  # one account, everywhere, once
+    assert name in [culprit["component"], *[c["component"] for c in culprit.get("simultaneous", [])]]
     assert not survivors(pids, grace=5.0)
 
 
@@ -622,6 +628,7 @@ def test_the_death_watch_names_a_crashed_rank_whose_exit_it_has_not_seen_yet(
     pids = {0: 100, 1: 101, 2: 102}
     _report(tmp_path, "r1", [0], pids, [0])  # no crash file: the coordinator it saw exit
     assert "rank 0 (coordinator)" in capsys.readouterr().err
+    accounting.clear(tmp_path)  # each case below is a run of its own
     (tmp_path / "summary.json").write_text(json.dumps({"run_id": "r1", "outcome": "running"}))
     crash = "Fatal Python error: Segmentation fault\n\nCurrent thread 0x1 (most recent call first):\n"
     (beats / "rank-1.crash").write_text(crash + '  File "w.py", line 64 in segfault\n')
@@ -632,6 +639,7 @@ def test_the_death_watch_names_a_crashed_rank_whose_exit_it_has_not_seen_yet(
     culprit = json.loads((tmp_path / "summary.json").read_text())["culprit"]
     assert (culprit["rank"], culprit["cause"], culprit["seen_first"]) == (1, "crash", [0]), culprit
     # a crash after the first exit the watch saw may be that exit's consequence: not a candidate
+    accounting.clear(tmp_path)
     (tmp_path / "summary.json").write_text(json.dumps({"run_id": "r1", "outcome": "running"}))
     _report(tmp_path, "r1", [0], pids, [0], (beats / "rank-1.crash").stat().st_mtime - 1.0)
     assert capsys.readouterr().err.startswith("rlinf-hpc: rank 0 (coordinator)")

@@ -7,7 +7,9 @@ and broadcasts it (workers never parse files), every rank describes itself to ra
 
 from __future__ import annotations
 
+import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,11 +32,12 @@ from rlinf_hpc.errors import (
 from rlinf_hpc.log import get_logger, setup_logging
 from rlinf_hpc.runners.watching import memory_hook, start_deathwatch, start_watchdog
 from rlinf_hpc.runtime import nccl
+from rlinf_hpc.runtime.accounting import claim_culprit, claim_end, culprit_record
 from rlinf_hpc.runtime.checkpoint.manager import CheckpointManager
 from rlinf_hpc.runtime.checkpoint.state import seed_process
 from rlinf_hpc.runtime.console import print_table
 from rlinf_hpc.runtime.events import EventLog
-from rlinf_hpc.runtime.heartbeat import Heartbeat
+from rlinf_hpc.runtime.heartbeat import HEARTBEATS, Heartbeat, read_heartbeat
 from rlinf_hpc.runtime.rundir import RunDirectory, default_run_dir
 from rlinf_hpc.runtime.signals import defer_sigterm, ignore_interrupts, install_signal_handlers
 from rlinf_hpc.runtime.stragglers import StragglerDetector, make_straggler_hook
@@ -190,6 +193,13 @@ def _coordinate(
     outcome, culprit = "failed", None
     watchers: list[Any] = []
     summary: dict[str, Any] | None = None  # this run's, once it knows how it ended
+
+    def conclude(how: str, who: dict[str, Any]) -> None:
+        """Name the culprit before a shutdown that may end in an abort (nothing after it runs)."""
+        nonlocal outcome, culprit
+        outcome, culprit = how, who
+        _conclude(directory, events, started, outcome, culprit)
+
     try:
         flow = _prepare(config, run_dir)
         checkpoints.open()
@@ -217,60 +227,68 @@ def _coordinate(
         summary = _summary(outcome, started, {"stopped_after_step": exc.step, "reason": exc.reason})
         return checkpoints.exit_code_after_stop(exc)
     except JobInterrupted as exc:
-        outcome = exc.signal_name
-        return _interrupted(coordinator, watchdog, exc, "this job")
+        name = exc.signal_name
+        who = culprit_record(0, "coordinator", "signal", f"received {name}", socket.gethostname())
+        return _interrupted(coordinator, watchdog, exc, "rank 0 (coordinator)", lambda: conclude(name, who))
     except UserError as exc:
-        outcome, culprit = "configuration error", {"rank": 0, "component": "coordinator", "error": str(exc)}
+        conclude("configuration error", culprit_of(exc, run_dir))
         coordinator.shutdown(2, "configuration error")
         raise
     except WorkerError as exc:
         signalled = coordinator.calls.fatal
         if isinstance(signalled, WorkerInterrupted):  # whatever the flow saw first of its leaving:
-            # the launcher is ending the job (srun, after a task of the step died: the other
-            # part's step of a hetjob got it first), and the worker is not the culprit
-            outcome = signalled.signal_name
+            # a signal to that rank (kill -TERM), or the launcher ending the job (srun, after a
+            # task died: a dead rank of this node is named instead, by `_interrupted`)
             who = f"rank {signalled.rank} ({signalled.component})"
-            return _interrupted(coordinator, watchdog, signalled, who)
-        culprit = {"rank": exc.rank, "component": exc.component, "error": exc.error}
+            named = culprit_of(signalled, run_dir)
+            return _interrupted(
+                coordinator, watchdog, signalled, who, lambda: conclude(signalled.signal_name, named)
+            )
         if not exc.error.startswith("UserError: "):
             _dead_rank_first(watchdog, exc, f"then rank {exc.rank} ({exc.component}) failed")
-            _record_failure(directory, culprit, started)
+            conclude("failed", culprit_of(exc, run_dir))
             return _fail(coordinator, exc)
         # a worker refused its input (options, files): a user error, reported as one
-        outcome = "configuration error"
-        coordinator.shutdown(2, "configuration error")
-        raise UserError(
+        error = UserError(
             f"{exc.error.removeprefix('UserError: ')} (rank {exc.rank}, component '{exc.component}')"
-        ) from None
+        )
+        conclude("configuration error", {**culprit_of(exc, run_dir), "cause": "configuration"})
+        coordinator.shutdown(2, "configuration error")
+        raise error from None
     except Exception as exc:  # noqa: BLE001 - report once, stop every rank, exit non-zero
         _dead_rank_first(watchdog, exc, f"then the coordinator failed: {type(exc).__name__}")
-        culprit = culprit_of(exc)
-        _record_failure(directory, culprit, started)
+        conclude("failed", culprit_of(exc, run_dir))
         return _fail(coordinator, exc)
     finally:
         if watchdog is not None:
             watchdog.close()
         checkpoints.close()
-        wall = round(time.monotonic() - started, 3)
-        # the watchdog or the death watch named a rank that died, and a signal or the failure
-        # it caused ended the run after it: keep that account (it was replaced by "SIGTERM")
-        recorded = directory.recorded_failure() if summary is None and culprit is None else None
-        if recorded:
-            outcome, culprit = recorded["outcome"], recorded["culprit"]
-        events.write("end", outcome=outcome, wall_seconds=wall, culprit=culprit)
+        _conclude(directory, events, started, outcome, culprit, summary)
         events.close()
-        if summary is None:  # it did not finish: say so, never leave an earlier run's summary
-            summary = {"outcome": outcome, "interrupted": True, "wall_seconds": wall, "culprit": culprit}
-        directory.write_summary(summary)
         write_spans(timeline.drain() + coordinator.worker_spans, run_dir / "timeline.jsonl")
 
 
-def _record_failure(directory: RunDirectory, culprit: dict[str, Any], started: float) -> None:
-    """The culprit into summary.json before the shutdown, which may end in an abort."""
+def _conclude(
+    directory: RunDirectory,
+    events: EventLog,
+    started: float,
+    outcome: str,
+    culprit: dict[str, Any] | None,
+    summary: dict[str, Any] | None = None,
+) -> None:
+    """Say how the run ended: the culprit claimed (`accounting`: the first named stands —
+    the watchdog's or the death watch's when one of them named a rank before), the ``end``
+    event once, ``summary.json`` (``summary``: a finished run's; else an interrupted one's)."""
     wall = round(time.monotonic() - started, 3)
-    directory.write_summary(
-        {"outcome": "failed", "interrupted": True, "wall_seconds": wall, "culprit": culprit}
-    )
+    if culprit is not None:
+        _, outcome, culprit = claim_culprit(directory.path, directory.run_id, outcome, culprit)
+    elif summary is None and (claim := directory.claimed()) is not None:
+        outcome, culprit = claim  # named by a watcher; a signal or failure ended the run after it
+    if claim_end(directory.path, directory.run_id, "coordinator"):
+        events.write("end", outcome=outcome, wall_seconds=wall, culprit=culprit)
+    if summary is None:  # it did not finish: say so, never leave an earlier run's summary
+        summary = {"outcome": outcome, "interrupted": True, "wall_seconds": wall, "culprit": culprit}
+    directory.write_summary(summary)
 
 
 def _prepare(config: Config, run_dir: Path) -> Any:
@@ -326,13 +344,19 @@ def _dead_rank_first(watchdog: Any, exc: BaseException, then: str) -> None:
 
 
 def _interrupted(
-    coordinator: Coordinator, watchdog: Any, signal: JobInterrupted | WorkerInterrupted, who: str
+    coordinator: Coordinator,
+    watchdog: Any,
+    signal: JobInterrupted | WorkerInterrupted,
+    who: str,
+    conclude: Callable[[], None],
 ) -> int:
     """A signal ends the job (``who`` received it): name a rank of this node that died before
-    it, else stop every rank; returns the exit code (128 + the signal)."""
+    it, else ``conclude`` (name ``who``) and stop every rank; returns the exit code (128 + the
+    signal)."""
     ignore_interrupts()  # the launcher's SIGTERM to rank 0 follows a worker's: it adds nothing
     if watchdog is not None:  # srun ends a step whose task died with SIGTERM to the rest:
         watchdog.fail_if_dead(f"then {who} received {signal.signal_name}")  # name it, at once
+    conclude()  # before the shutdown: a rank busy in a call makes it end in an abort
     log.warning("%s received %s: stopping every rank", who, signal.signal_name)
     coordinator.shutdown(signal.exit_code, signal.signal_name, timeout=5.0)
     return signal.exit_code
@@ -349,13 +373,20 @@ def _summary(outcome: str, started: float, result: Any) -> dict[str, Any]:
     return summary
 
 
-def culprit_of(exc: BaseException) -> dict[str, Any]:
-    """Who failed, for the ``end`` event and the summary."""
+def culprit_of(exc: BaseException, run_dir: Path) -> dict[str, Any]:
+    """Who failed, for the ``end`` event and the summary (the host from the rank's heartbeat)."""
+    if isinstance(exc, WorkerInterrupted):
+        host = (read_heartbeat(run_dir / HEARTBEATS / f"rank-{exc.rank}.json") or {}).get("host")
+        return culprit_record(exc.rank, exc.component, "signal", f"received {exc.signal_name}", host)
     if isinstance(exc, WorkerError):
-        return {"rank": exc.rank, "component": exc.component, "error": exc.error}
+        host = (read_heartbeat(run_dir / HEARTBEATS / f"rank-{exc.rank}.json") or {}).get("host")
+        return culprit_record(exc.rank, exc.component, "exception", exc.error, host, method=exc.method)
     if isinstance(exc, CommTimeoutError):
-        return {"rank": None, "component": None, "error": str(exc)}
-    return {"rank": 0, "component": "coordinator", "error": f"{type(exc).__name__}: {exc}"}
+        return culprit_record(None, None, "timeout", str(exc))
+    if isinstance(exc, UserError):
+        return culprit_record(0, "coordinator", "configuration", str(exc), socket.gethostname())
+    error = f"{type(exc).__name__}: {exc}"
+    return culprit_record(0, "coordinator", "exception", error, socket.gethostname())
 
 
 def describe_failure(exc: BaseException) -> str:

@@ -13,6 +13,7 @@ from rlinf_hpc.comm.mpi import abort
 from rlinf_hpc.config import Config
 from rlinf_hpc.log import get_logger
 from rlinf_hpc.runtime import deathwatch
+from rlinf_hpc.runtime.accounting import claim_culprit, claim_end
 from rlinf_hpc.runtime.events import EventLog
 from rlinf_hpc.runtime.gpu_health import FAULT_KINDS
 from rlinf_hpc.runtime.heartbeat import HEARTBEATS, read_heartbeat
@@ -36,13 +37,19 @@ def start_watchdog(
         return None
 
     def on_fatal(message: str, culprit: dict[str, Any]) -> None:
-        log.error("job failed: %s", message)
         wall = round(time.monotonic() - started, 3)
         outcome = f"rank {culprit['error']}"
+        won, outcome, named = claim_culprit(directory.path, directory.run_id, outcome, culprit)
+        if won:
+            log.error("job failed: %s", message)
+        else:  # the job's culprit was named first (a signal, a failure): this followed from it
+            first = f"rank {named['rank']} ({named['component']}): {named['error']}"
+            log.warning("%s (after %s, named first)", message, first)
         try:
-            events.write("end", outcome=outcome, wall_seconds=wall, culprit=culprit)
+            if claim_end(directory.path, directory.run_id, "watchdog"):
+                events.write("end", outcome=outcome, wall_seconds=wall, culprit=named)
             directory.write_summary(
-                {"outcome": outcome, "interrupted": True, "wall_seconds": wall, "culprit": culprit}
+                {"outcome": outcome, "interrupted": True, "wall_seconds": wall, "culprit": named}
             )
         except Exception:  # noqa: BLE001 - the job must end whatever the disk says
             log.exception("could not record the failure in the run directory")

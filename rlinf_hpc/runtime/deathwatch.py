@@ -37,6 +37,7 @@ import sys
 import time
 from pathlib import Path
 
+from rlinf_hpc.runtime.accounting import claim_end, claimed_culprit
 from rlinf_hpc.runtime.crashes import crash_cause, crash_file
 from rlinf_hpc.runtime.heartbeat import HEARTBEATS, culprit_of, death_of, read_heartbeat, record_culprit
 from rlinf_hpc.runtime.ownership import pid_alive
@@ -212,8 +213,8 @@ def _report(
     if 0 not in ranks:  # the coordinator may still name a culprit itself (a failure it saw)
         time.sleep(2.0)  # — not once it is gone: srun then ends the step (this helper with it)
     summary = read_heartbeat(run_dir / "summary.json") or {}
-    if summary.get("run_id") != run_id or summary.get("culprit") or summary.get("outcome") != "running":
-        return  # another run's directory now, or this run ended with its own account
+    if summary.get("run_id") != run_id or claimed_culprit(run_dir, run_id) is not None:
+        return  # another run's directory now, or this run's culprit was named already
     # a crash file is written before the crashed rank's exit, which the launcher or MPI may
     # answer by ending the others first (CI: the coordinator was named alone for a segfault of
     # rank 1, not yet seen exiting): a watched rank that crashed before the first exit the
@@ -257,20 +258,21 @@ def _report(
             parts.append(f"already ending when it was seen: {'; '.join(after)}")
         also = f"; {'; '.join(parts)} — any of them may have been first"
     said = f"rank {rank} ({roles[rank]}) on {host}, pid {pids[rank]}, died while in {doing[rank]}"
+    named = {"activity": doing[rank], "seen_first": list(seen_first)}
+    if others:
+        named["simultaneous"] = [{"rank": r, "component": roles[r]} for r in others]
+    if not record_culprit(run_dir, {**problem, **named}):
+        return  # the job named its culprit first: that account stands
     sys.stderr.write(f"rlinf-hpc: {said}: {why}{also}; the other ranks ended with it\n")
     sys.stderr.flush()
-    culprit = {**culprit_of(problem), "activity": doing[rank], "seen_first": list(seen_first)}
-    if others:
-        culprit["simultaneous"] = [{"rank": r, "component": roles[r]} for r in others]
-    line = {"time": round(time.time(), 6), "rank": rank, "event": "rank_died", "culprit": culprit}
-    line["run_id"] = run_id
-    try:
-        with (run_dir / "events.jsonl").open("a", encoding="utf-8") as events:
-            events.write(json.dumps(line) + "\n")
-        named = {"simultaneous": culprit.get("simultaneous"), "seen_first": culprit["seen_first"]}
-        record_culprit(run_dir, {**problem, **named})
-    except OSError:
-        pass
+    culprit = culprit_of({**problem, **named})
+    lines = [{"time": round(time.time(), 6), "rank": rank, "event": "rank_died", "culprit": culprit}]
+    if 0 in ranks and claim_end(run_dir, run_id, "deathwatch"):  # the coordinator cannot write it
+        lines.append({"time": round(time.time(), 6), "rank": 0, "event": "end", "outcome": "rank died",
+                      "wall_seconds": None, "culprit": culprit})  # fmt: skip
+    with contextlib.suppress(OSError), (run_dir / "events.jsonl").open("a", encoding="utf-8") as events:
+        for line in lines:
+            events.write(json.dumps({**line, "run_id": run_id}) + "\n")
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from typing import Any
 from rlinf_hpc.comm.waiting import current_wait
 from rlinf_hpc.imports import loaded
 from rlinf_hpc.log import get_logger
+from rlinf_hpc.runtime.accounting import claim_culprit, culprit_record
 from rlinf_hpc.runtime.crashes import CrashRecorder, crash_cause
 from rlinf_hpc.runtime.oomkill import boot_seconds, cgroup_state, death_cause
 from rlinf_hpc.runtime.ownership import pid_alive
@@ -222,32 +223,39 @@ def death_of(
 
 
 def culprit_of(problem: dict[str, Any]) -> dict[str, Any]:
-    """The ``culprit`` of summary.json and events.jsonl for a watchdog's ``problem``."""
+    """The ``culprit`` of summary.json and events.jsonl for a watchdog's ``problem`` (its
+    ``cause``: the evidence's kind — crash, oom_kill — else the problem's: died, stopped, stuck)."""
     record = problem["record"]
-    culprit = {
-        "rank": problem["rank"], "component": record.get("roles"), "host": record.get("host"),
-        "error": problem["kind"], "activity": record.get("activity"),
-    }  # fmt: skip
-    if problem.get("cause"):
-        culprit["cause"], culprit["cause_detail"] = problem["cause"]["kind"], problem["cause"]["detail"]
+    evidence = problem.get("cause") or {}
+    culprit = culprit_record(
+        problem["rank"], record.get("roles"), evidence.get("kind", problem["kind"]), problem["kind"],
+        record.get("host"), activity=record.get("activity"),
+    )  # fmt: skip
+    if evidence:
+        culprit["cause_detail"] = evidence["detail"]
+    for key in ("simultaneous", "seen_first"):  # the death watch's: exits seen with this one
+        if problem.get(key) is not None:
+            culprit[key] = problem[key]
     return culprit
 
 
-def record_culprit(run_dir: Path, problem: dict[str, Any]) -> None:
-    """Mark this run's summary as ended by ``problem`` (when rank 0, its owner, cannot)."""
+def record_culprit(run_dir: Path, problem: dict[str, Any]) -> bool:
+    """Name ``problem`` as why this run ended, from outside the coordinator (the death watch,
+    rank 1 for a dead coordinator), unless a culprit was named first: then nothing is written.
+    True if this named it."""
     path = run_dir / "summary.json"
-    try:
-        summary = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        summary = {}
-    summary.update(outcome=f"rank {problem['kind']}", interrupted=True, culprit=culprit_of(problem))
-    if problem.get("simultaneous"):  # [{rank, component}] of exits seen together with this one
-        summary["culprit"]["simultaneous"] = problem["simultaneous"]
-    if problem.get("seen_first") is not None:  # the death watch's first wake-up: [rank, ...]
-        summary["culprit"]["seen_first"] = problem["seen_first"]
-    tmp = path.with_name(".summary.json.watchdog")
-    tmp.write_text(json.dumps(summary, indent=2), encoding="utf-8")
-    tmp.replace(path)
+    summary = read_heartbeat(path) or {}
+    if summary.get("outcome") != "running" or not summary.get("run_id"):
+        return False  # this run ended with its own account (or the directory is another run's)
+    outcome = f"rank {problem['kind']}"
+    won, _, _ = claim_culprit(run_dir, summary["run_id"], outcome, culprit_of(problem))
+    if won:
+        summary.update(outcome=outcome, interrupted=True, culprit=culprit_of(problem))
+        tmp = path.with_name(f".summary.json.{os.getpid()}")
+        with contextlib.suppress(OSError):
+            tmp.write_text(json.dumps(summary, indent=2), encoding="utf-8")
+            tmp.replace(path)
+    return won
 
 
 def describe_problem(problem: dict[str, Any]) -> str:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from rlinf_hpc.errors import UserError
+from rlinf_hpc.runtime import accounting
 from rlinf_hpc.runtime.ownership import DirectoryLock
 
 LOCK_NAME = "RUN.lock"
@@ -95,21 +96,20 @@ class RunDirectory:
         """Check, lock, and replace any earlier run's summary with this run's "running" one."""
         check_run_dir(self.path)
         self._lock.acquire(job_id, self.run_id)
+        accounting.clear(self.path)
         self.write_summary({"outcome": "running", "started": time.time()})
 
-    def recorded_failure(self) -> dict[str, Any] | None:
-        """This run's summary as the watchdog or the death watch left it when one of them
-        named a culprit (they write it from another thread or process); else None."""
-        try:
-            summary = json.loads((self.path / "summary.json").read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError):
-            return None
-        if summary.get("run_id") != self.run_id or not summary.get("culprit"):
-            return None
-        return summary
+    def claimed(self) -> tuple[str, dict[str, Any]] | None:
+        """``(outcome, culprit)`` if this run's culprit was named (`accounting`), else None."""
+        return accounting.claimed_culprit(self.path, self.run_id)
 
     def write_summary(self, summary: dict[str, Any]) -> None:
+        """Replace ``summary.json``; once a culprit is named, the summary of an unfinished run
+        carries it (never another account of who failed)."""
         record = {"run_id": self.run_id, **summary}
+        claim = self.claimed() if record.get("outcome") not in ("running", "ok") else None
+        if claim is not None:
+            record.update(outcome=claim[0], interrupted=True, culprit=claim[1])
         tmp = self.path / "summary.json.tmp"
         tmp.write_text(json.dumps(record, indent=2, default=str), encoding="utf-8")
         tmp.replace(self.path / "summary.json")

@@ -18,6 +18,7 @@ or a rank of the coordinator's node found dead (srun's SIGTERM after a task died
 from __future__ import annotations
 
 import signal
+import sys
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
@@ -32,6 +33,8 @@ HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 STOP_SIGNAL = signal.SIGUSR2
 
 _stop_requested: list[str] = []
+#: Set once the rank is on its way out (`ignore_interrupts`): a signal adds nothing then.
+_leaving: list[bool] = []
 
 #: Seconds a worker waits past the coordinator's grace before it raises by itself (the
 #: coordinator's own expiry stops the workers, waiting `Coordinator.shutdown`'s 5 s for them).
@@ -62,9 +65,26 @@ def ignore_interrupts() -> None:
     now must not raise inside the cleanup. Under mpiexec a worker that the coordinator had
     already stopped got Hydra's forwarded SIGINT while closing its heartbeat, died with a
     traceback, and the job ended 131 instead of 130. Main thread only."""
+    _leaving.append(True)
     for sig in HANDLED_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
     _cancel_grace()
+
+
+def _unraisable(args: Any) -> None:
+    """A signal whose handler ran inside a finaliser (mpi4py's ``Group.__del__`` during garbage
+    collection) raised where Python can only print "Exception ignored in ..." and drop it: the
+    rank would go on as if no signal had come. Deliver it again, outside the finaliser; on the
+    way out it is dropped without a traceback, like any signal then."""
+    if not isinstance(args.exc_value, JobInterrupted):
+        _previous_unraisable(args)
+        return
+    if not _leaving:
+        signal.signal(args.exc_value.signum, _raise_interrupted)
+        signal.raise_signal(args.exc_value.signum)  # handled at the main thread's next instruction
+
+
+_previous_unraisable = sys.unraisablehook
 
 
 def defer_sigterm(grace_s: float, coordinator: bool, dead: Callable[[], bool] | None = None) -> None:
@@ -130,3 +150,4 @@ def install_signal_handlers() -> None:
     for sig in HANDLED_SIGNALS:
         signal.signal(sig, _raise_interrupted)
     signal.signal(STOP_SIGNAL, _flag_stop)
+    sys.unraisablehook = _unraisable

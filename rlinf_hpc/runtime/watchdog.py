@@ -6,8 +6,8 @@ Rank 0's `Watchdog` thread reads the heartbeats. A rank whose heartbeat is older
 host only: its pid is gone) is reported with its rank, components, host and activity; every
 rank's Python stack goes to ``RUN_DIR/stacks/`` first — live ranks dump their own (`faulthandler`,
 from the heartbeat thread, so a main thread stuck in MPI still answers); a stopped one on this
-host is read from outside with py-spy when that works (``rank-N.py-spy.txt``), else it is sent
-SIGCONT so that it dumps its own. Then the job's ``on_fatal`` ends it.
+host is read from outside, never resumed (``rank-N.outside.txt``: `stack_from_outside`). Then
+the job's ``on_fatal`` ends it.
 
 Heartbeats travel through the run directory, so a multi-node job needs the run directory on
 a shared filesystem; ranks whose heartbeats rank 0 never sees are reported once and not watched.
@@ -16,12 +16,8 @@ a shared filesystem; ranks whose heartbeats rank 0 never sees are reported once 
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
-import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -42,6 +38,7 @@ from rlinf_hpc.runtime.heartbeat import (
     pid_in_record_alive,
     read_heartbeat,
 )
+from rlinf_hpc.runtime.profiling import find_py_spy
 from rlinf_hpc.runtime.stuck import stuck_waits
 
 log = get_logger("watchdog")
@@ -138,6 +135,8 @@ class Watchdog:
         records = {}
         for rank in range(self.world_size):
             record = read_heartbeat(self.run_dir / HEARTBEATS / f"rank-{rank}.json")
+            if record is not None:
+                self._seen.add(rank)  # (one that left was seen: it is not "never seen")
             if record is not None and not record.get("left"):
                 records[rank] = record
         return records
@@ -186,32 +185,52 @@ class Watchdog:
 
 
 def collect_stacks(run_dir: Path, problems: list[dict[str, Any]], wait_s: float = 4.0) -> Path:
-    """Ask every live rank to dump its stacks; read stopped ranks on this host with py-spy."""
+    """Ask every live rank to dump its stacks; read stopped ranks on this host from outside.
+
+    A stopped rank is never resumed (no SIGCONT, no ptrace attach, which resumes a stopped
+    process when it detaches): py-spy reads its memory without pausing it (``--nonblocking``),
+    and ``/proc`` says where its kernel thread waits; a stopped rank of another host has no
+    stack here, and its file says so."""
     stacks = run_dir / STACKS
     stacks.mkdir(parents=True, exist_ok=True)
     request = f"{time.time():.3f}"
     (run_dir / HEARTBEATS / DUMP_REQUEST).write_text(request, encoding="utf-8")
     dump_own_stacks(stacks, 0, request)
-    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     host = socket.gethostname()
     for problem in problems:
         record = problem["record"]
-        if problem["kind"] != "stopped" or record.get("host") != host:
+        if problem["kind"] != "stopped":
             continue
-        pid = int(record["pid"])
-        text = ""
-        if Path(spy).exists():  # the stack as it is, without resuming it
-            try:
-                done = subprocess.run(
-                    [spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=15
-                )
-                text = done.stdout + done.stderr
-            except (OSError, subprocess.TimeoutExpired) as exc:
-                text = f"py-spy could not read pid {pid}: {exc}"
-            (stacks / f"rank-{problem['rank']}.py-spy.txt").write_text(text, encoding="utf-8")
-        if "Thread" not in text:
-            # no outside reading: let it run for its own dump (the job ends right after anyway)
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGCONT)
+        path = stacks / f"rank-{problem['rank']}.outside.txt"
+        if record.get("host") != host:
+            text = f"rank {problem['rank']} runs on {record.get('host')}: no stack is read from {host}\n"
+        else:
+            text = stack_from_outside(int(record["pid"]))
+        with contextlib.suppress(OSError):
+            path.write_text(text, encoding="utf-8")
     time.sleep(wait_s)  # live ranks answer at their next beat
     return stacks
+
+
+def stack_from_outside(pid: int) -> str:
+    """What can be read of process ``pid`` without running it: its state and kernel wait
+    (``/proc``), and its Python stacks (py-spy ``--nonblocking``, where installed)."""
+    lines = [f"# pid {pid}, read from outside (the process was not resumed)"]
+    for name in ("status", "wchan"):
+        with contextlib.suppress(OSError):
+            text = Path(f"/proc/{pid}/{name}").read_text(encoding="ascii", errors="replace")
+            if name == "status":
+                text = next((line for line in text.splitlines() if line.startswith("State:")), "")
+            lines.append(f"{name}: {text.strip()}")
+    spy = find_py_spy()
+    if spy is None:
+        lines.append("no Python stack: py-spy is not installed (pip install py-spy)")
+        return "\n".join(lines) + "\n"
+    try:
+        done = subprocess.run(
+            [spy, "dump", "--nonblocking", "--pid", str(pid)], capture_output=True, text=True, timeout=15
+        )
+        lines.append(done.stdout + done.stderr)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        lines.append(f"py-spy could not read pid {pid}: {exc}")
+    return "\n".join(lines) + "\n"

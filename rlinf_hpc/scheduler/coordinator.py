@@ -273,7 +273,7 @@ class Coordinator:
         return self.calls.pump()
 
     def _components_label(self, rank: int) -> str:
-        return ", ".join(self.placement.components_on(rank)) if self._placement else "-"
+        return "+".join(self.placement.components_on(rank)) if self._placement else "-"  # as heartbeats
 
     # -- shutdown ----------------------------------------------------------------------------
     def shutdown(self, exit_code: int, reason: str, timeout: float | None = None) -> bool:
