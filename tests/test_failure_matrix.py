@@ -188,3 +188,87 @@ def test_every_fault_is_named_once_under_slurm(tmp_path: Path, row: Row) -> None
     if _REASON:
         pytest.skip(_REASON)
     _check(row, tmp_path)
+
+
+def test_the_first_claim_of_a_culprit_stands_across_processes(tmp_path: Path) -> None:
+    """Eight processes name eight culprits at once: one wins, and every reader sees it."""
+    script = (
+        "import sys; from pathlib import Path; from rlinf_hpc.runtime import accounting as a; "
+        "won, _, c = a.claim_culprit(Path(sys.argv[1]), 'r1', 'rank died', {'rank': int(sys.argv[2])}); "
+        "print(int(won), c['rank'])"
+    )
+    procs = [
+        subprocess.Popen(
+            [str(BIN / "python"), "-c", script, str(tmp_path), str(r)], stdout=subprocess.PIPE, text=True
+        )
+        for r in range(8)
+    ]
+    answers = [p.communicate(timeout=60)[0].split() for p in procs]
+    winners = [rank for won, rank in answers if won == "1"]
+    assert len(winners) == 1 and {rank for _, rank in answers} == set(winners), answers
+    from rlinf_hpc.runtime import accounting
+
+    assert accounting.claimed_culprit(tmp_path, "r1") == ("rank died", {"rank": int(winners[0])})
+    assert accounting.claimed_culprit(tmp_path, "another run") is None
+    # a previous run's claim left in a reused directory does not hold for this run
+    won, _, culprit = accounting.claim_culprit(tmp_path, "r2", "failed", {"rank": 9})
+    assert won and culprit == {"rank": 9}
+    assert accounting.claim_end(tmp_path, "r2", "coordinator") and not accounting.claim_end(
+        tmp_path, "r2", "watchdog"
+    )
+
+
+def test_a_signal_landing_in_a_finaliser_is_delivered_again_without_a_traceback() -> None:
+    """SIGTERM whose handler ran in a ``__del__`` (mpi4py's Group.__del__ under SLURM) printed
+    "Exception ignored in ..." and was lost: the rank went on."""
+    script = (
+        "import gc, os, signal, time\n"
+        "from rlinf_hpc.errors import JobInterrupted\n"
+        "from rlinf_hpc.runtime.signals import install_signal_handlers\n"
+        "install_signal_handlers()\n"
+        "class Finaliser:\n"
+        "    def __del__(self):\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "        for _ in range(1000): pass\n"
+        "try:\n"
+        "    Finaliser(); gc.collect()\n"
+        "    for _ in range(100): time.sleep(0.01)\n"
+        "    print('LOST')\n"
+        "except JobInterrupted as exc:\n"
+        "    print('INTERRUPTED', exc.signal_name)\n"
+    )
+    done = subprocess.run([str(BIN / "python"), "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "INTERRUPTED SIGTERM", done.stdout + done.stderr
+    assert "Exception ignored" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+@pytest.mark.mpi
+def test_a_killed_death_watch_is_started_again_and_still_names_a_killed_rank(tmp_path: Path) -> None:
+    """With its helper killed the job ran to exit 0, and a rank killed later would not have been
+    named by it: rank 0 starts it again, says so, and the new one names the next death."""
+    job, out, run_dir = _start(Row("kill", 2), tmp_path)
+    assert isinstance(job, subprocess.Popen)
+    pids = _pids(out)
+    ready = run_dir / "heartbeats" / "deathwatch.json"
+    deadline = time.monotonic() + 30
+    while not ready.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    first = json.loads(ready.read_text())["pid"]
+    os.kill(first, signal.SIGKILL)
+    while time.monotonic() < deadline + 30:
+        with contextlib.suppress(OSError, ValueError):
+            if json.loads(ready.read_text())["pid"] != first:
+                break
+        time.sleep(0.1)
+    else:
+        job.kill()
+        pytest.fail("the death watch was not started again:\n" + out.read_text())
+    os.kill(pids[2], signal.SIGKILL)
+    assert _wait(job, 60) != 0
+    text = out.read_text()
+    assert f"the death watch (pid {first}) ended with code -9: started again" in text, text
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    assert [e["pid"] for e in events if e["event"] == "deathwatch_restarted"] == [first]
+    died = [e["culprit"] for e in events if e["event"] == "rank_died"]
+    assert died and 2 in [died[0]["rank"], *[c["rank"] for c in died[0].get("simultaneous", [])]], events
+    assert not survivors(pids, grace=10.0)

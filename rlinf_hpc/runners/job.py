@@ -30,7 +30,7 @@ from rlinf_hpc.errors import (
     WorkerInterrupted,
 )
 from rlinf_hpc.log import get_logger, setup_logging
-from rlinf_hpc.runners.watching import memory_hook, start_deathwatch, start_watchdog
+from rlinf_hpc.runners.watching import DeathWatch, memory_hook, start_watchdog
 from rlinf_hpc.runtime import nccl
 from rlinf_hpc.runtime.accounting import claim_culprit, claim_end, culprit_record
 from rlinf_hpc.runtime.checkpoint.manager import CheckpointManager
@@ -191,7 +191,6 @@ def _coordinate(
     if request.requested_ranks and request.requested_ranks != control.size:
         log.warning("--np %d ignored: the launcher started %d ranks", request.requested_ranks, control.size)
     outcome, culprit = "failed", None
-    watchers: list[Any] = []
     summary: dict[str, Any] | None = None  # this run's, once it knows how it ended
 
     def conclude(how: str, who: dict[str, Any]) -> None:
@@ -206,7 +205,8 @@ def _coordinate(
         with timeline.span("placement", "phase", "coordinator"):
             placement = coordinator.start()
         events.write("placement", groups=placement.groups)
-        watchers.append(start_deathwatch(directory))
+        if watchdog is not None:  # it names from the heartbeats' pids, on the watchdog's thread
+            watchdog.checks.append(DeathWatch(directory, events).check)
         print_table(
             f"placement: {control.size} ranks",
             ["component", "rank", "node", "local rank", "device", "cpus"],

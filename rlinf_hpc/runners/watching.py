@@ -117,15 +117,52 @@ def act_on_gpu_alarm(
     return action
 
 
-def start_deathwatch(directory: RunDirectory) -> Any:
-    """The helper that names a rank of this node that dies (`runtime.deathwatch`)."""
-    host = socket.gethostname()
-    pids = {}
-    for path in (directory.path / HEARTBEATS).glob("rank-*.json"):
-        record = read_heartbeat(path)
-        if record and record.get("host") == host and not record.get("left"):
-            pids[int(record["rank"])] = int(record["pid"])
-    return deathwatch.start(directory.path, directory.run_id, pids)
+class DeathWatch:
+    """The helper that names a rank of this node that dies (`runtime.deathwatch`), supervised:
+    a helper that ended before its work was done (killed, crashed) is started again for the
+    ranks still in the job, with a warning and a ``deathwatch_restarted`` event; after
+    `RESTARTS` it is given up loudly (``deathwatch_lost``): a dead rank of this node would then
+    be named by the watchdog's heartbeat check only, without the order of the exits."""
+
+    RESTARTS = 3
+
+    def __init__(self, directory: RunDirectory, events: EventLog) -> None:
+        self.directory = directory
+        self.events = events
+        self.restarts = 0
+        self.proc = self._start()
+
+    def _start(self) -> Any:
+        host = socket.gethostname()
+        pids = {}
+        for path in (self.directory.path / HEARTBEATS).glob("rank-*.json"):
+            record = read_heartbeat(path)
+            if record and record.get("host") == host and not record.get("left"):
+                pids[int(record["rank"])] = int(record["pid"])
+        return deathwatch.start(self.directory.path, self.directory.run_id, pids)
+
+    def check(self) -> None:
+        """On the watchdog's thread: start the helper again if it ended before its work was done."""
+        if self.proc is None or (code := self.proc.poll()) is None or code == 0:
+            return  # not needed (no pidfd, no local rank), running, or done (named, or all left)
+        if self.directory.claimed() is not None:
+            return  # it ended with the job, whose culprit is named
+        pid, self.proc = self.proc.pid, None
+        if self.restarts >= self.RESTARTS:
+            log.error(
+                "the death watch (pid %d) ended with code %d, %d times: a rank of this node killed "
+                "outright is now named by the heartbeat watch only, without the order of the exits",
+                pid, code, self.restarts + 1,
+            )  # fmt: skip
+            self.events.write("deathwatch_lost", pid=pid, returncode=code, restarts=self.restarts)
+            return
+        self.restarts += 1
+        self.proc = self._start()
+        new = self.proc.pid if self.proc is not None else None
+        log.warning("the death watch (pid %d) ended with code %d: started again (pid %s)", pid, code, new)
+        self.events.write(
+            "deathwatch_restarted", pid=pid, returncode=code, new_pid=new, restarts=self.restarts
+        )
 
 
 def memory_hook(config: Config, coordinator: Coordinator, run_dir: Path, events: EventLog) -> Any:

@@ -17,8 +17,10 @@ or a rank of the coordinator's node found dead (srun's SIGTERM after a task died
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
+import threading
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
@@ -79,9 +81,10 @@ def _unraisable(args: Any) -> None:
     if not isinstance(args.exc_value, JobInterrupted):
         _previous_unraisable(args)
         return
-    if not _leaving:
-        signal.signal(args.exc_value.signum, _raise_interrupted)
-        signal.raise_signal(args.exc_value.signum)  # handled at the main thread's next instruction
+    if not _leaving:  # sent from another thread: handled once this hook has returned
+        signum = args.exc_value.signum
+        signal.signal(signum, _raise_interrupted)
+        threading.Timer(0.001, os.kill, (os.getpid(), signum)).start()
 
 
 _previous_unraisable = sys.unraisablehook
