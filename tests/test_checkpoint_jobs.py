@@ -9,6 +9,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -20,6 +21,7 @@ import torch
 from rlinf_hpc.errors import EXIT_SAVED_AND_STOPPED
 from rlinf_hpc.runtime.checkpoint import read_state
 from rlinf_hpc.runtime.checkpoint.store import open_checkpoint
+from rlinf_hpc.runtime.disk import EXIT_DISK_FULL
 
 from conftest import CONFIGS, TINY, job_env, rlinf
 
@@ -316,12 +318,55 @@ def test_a_full_disk_keeps_the_previous_checkpoint_and_says_so(tmp_path: Path, s
     result = _job(tmp_path / "run", 2, sets)
     assert "No space left on device" in result.output, result.output
     assert "the newest complete checkpoint (" in result.output and "is intact" in result.output
-    assert result.returncode == 1  # the final save (step 6) did not fit: the job fails, naming it
-    assert "checkpoint of step 6 failed" in result.output
+    # the final save (step 6) did not fit: the job stops with its own exit code, naming the disk
+    assert result.returncode == EXIT_DISK_FULL, result.output
+    assert "checkpoint of step 6 failed" in result.output and "Traceback" not in result.output
+    culprit = json.loads((tmp_path / "run" / "summary.json").read_text())["culprit"]
+    assert culprit["cause"] == "disk_full" and culprit["path"] == str(small_disk), culprit
+    assert isinstance(culprit["free_bytes"], int), culprit
     complete = sorted(p.name for p in small_disk.glob("step-*[0-9]"))
     assert complete == ["step-00000002", "step-00000004"] and not list(small_disk.glob("step-*.tmp"))
     for name in complete:  # what is there is whole
         open_checkpoint(small_disk / name)
+    # a save left unfinished (a kill mid-save) is said and removed at the resume; one given as
+    # --resume PATH is refused, naming the newest complete checkpoint
+    (small_disk / "step-00000099.tmp").mkdir()
+    refused = _job(tmp_path / "run", 2, sets, "--resume", str(small_disk / "step-00000099.tmp"))
+    assert refused.returncode == 2 and "is a save that did not finish" in refused.output, refused.output
+    assert f"the newest in {small_disk} is {small_disk / 'step-00000004'}" in refused.output
+    # no room for one more checkpoint: refused at the start, with the numbers
+    full = _job(tmp_path / "run", 2, sets)
+    assert full.returncode == 2 and "less than one checkpoint of this job (0.3 MB" in full.output, full.output
+    assert f"removing {small_disk / 'step-00000099.tmp'}: a save that did not finish" in full.output
+    shutil.rmtree(small_disk / "step-00000002")  # room made, as the message says
+    resumed = _job(tmp_path / "run", 2, [*sets, "grpo.steps=4"])
+    assert not list(small_disk.glob("step-*.tmp")) and resumed.returncode == 0, resumed.output
+
+
+def test_a_run_directory_that_fills_up_goes_on_without_checkpoints_then_stops_named(
+    tmp_path: Path, small_disk: Path
+) -> None:
+    """The run directory itself on a small disk: heartbeats, events and metrics share it with
+    checkpoints that stop fitting. Saves that cannot fit are not started, training goes on, and
+    when the disk is filled from outside too the job stops: exit 28, culprit disk_full."""
+    sets = [
+        *BASE,
+        *ONE,
+        "grpo.steps=6",
+        "checkpoint.every_steps=1",
+        "checkpoint.keep=100",
+        *_interrupt("none", 0),
+    ]
+    run_dir = small_disk / "run"
+    result = _job(run_dir, 2, sets)
+    assert "not started" in result.output and "the next is tried at the next interval" in result.output, (
+        result.output
+    )
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    steps = [e["step"] for e in events if e["event"] == "pipeline_step"]
+    assert steps == [1, 2, 3, 4, 5, 6], steps  # every step trained, none lost from the records
+    assert [e["culprit"]["cause"] for e in events if e["event"] == "end"] == ["disk_full"], events[-1]
+    assert result.returncode == EXIT_DISK_FULL and "Traceback" not in result.output, result.output
 
 
 @pytest.mark.slow  # 1.6 min on a slow box

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from rlinf_hpc.runtime import accounting, oomkill
+from rlinf_hpc.runtime import accounting, disk, oomkill
 from rlinf_hpc.runtime.heartbeat import Heartbeat
 from rlinf_hpc.runtime.watchdog import Watchdog
 
@@ -698,3 +698,41 @@ def test_a_failure_mpi_raised_waits_a_moment_for_the_death_it_came_from() -> Non
     job._dead_rank_first(never, mpi_error, "then rank 2 (env) failed")
     assert job.DEATH_GRACE_S <= time.monotonic() - started < job.DEATH_GRACE_S + 0.5
     job._dead_rank_first(None, mpi_error, "no watchdog")  # watchdog off: nothing to ask
+
+
+def test_heartbeats_a_full_disk_stops_are_not_a_stopped_rank(tmp_path: Path) -> None:
+    """On a full run directory every heartbeat goes stale: the watchdog says the disk is full
+    (a ``disk_full`` record), not that the ranks stopped; their silence counts again from the
+    moment the disk takes writes."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], capture_output=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here ({done.stderr.decode().strip()})")
+    try:
+        (mount / "heartbeats").mkdir()
+        then = time.time() - 30.0
+        record = {"rank": 1, "pid": os.getpid(), "host": os.uname().nodename, "time": then,
+                  "roles": "actor", "activity": "actor.update", "since": then}  # fmt: skip
+        (mount / "heartbeats" / "rank-1.json").write_text(json.dumps(record))
+        filler = mount / "filler"
+        with contextlib.suppress(OSError), filler.open("wb") as out:
+            while True:
+                out.write(b"\0" * 4096)
+        watch = Watchdog(
+            mount, 2, hang_timeout_s=5.0, interval=60.0, action="abort", on_fatal=lambda m, c: None
+        )
+        try:
+            assert watch.check() == []  # the disk is full: no stopped rank
+            assert mount / "heartbeats" in disk.watch().failing
+            filler.unlink()  # room again: the silence counts from the last refusal, not the beat
+            assert watch.check() == []
+            assert mount / "heartbeats" not in disk.watch().failing
+            later = time.time() + 6.0
+            assert [p["kind"] for p in watch.check(now=later)] == ["stopped"]
+        finally:
+            watch.close()
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)

@@ -31,7 +31,7 @@ from rlinf_hpc.errors import (
 )
 from rlinf_hpc.log import get_logger, setup_logging
 from rlinf_hpc.runners.watching import DeathWatch, memory_hook, start_watchdog
-from rlinf_hpc.runtime import nccl
+from rlinf_hpc.runtime import disk, nccl
 from rlinf_hpc.runtime.accounting import claim_culprit, claim_end, culprit_record
 from rlinf_hpc.runtime.checkpoint.manager import CheckpointManager
 from rlinf_hpc.runtime.checkpoint.state import seed_process
@@ -154,6 +154,7 @@ def _coordinate(
     started = time.monotonic()
     run_dir = directory.path
     events = EventLog(run_dir / "events.jsonl", rank=0, run_id=directory.run_id)
+    disk.watch().bind(events.write)  # a full run directory: one event, and a stop if it lasts
     slots = build_topology(infos)
     timeline = Timeline(0)
     comm.span_hook = timeline.add
@@ -162,6 +163,7 @@ def _coordinate(
     watchdog = start_watchdog(config, control.size, directory, events, started)
     if config.checkpoint.enabled and watchdog is not None:  # srun's SIGTERM after a task died:
         defer_sigterm(config.checkpoint.sigterm_save_s, True, lambda: bool(watchdog.dead()))  # name it now
+    coordinator.step_hooks.append(lambda pipeline, result: disk.watch().check())
     if config.watchdog.enabled:
         coordinator.step_hooks.append(memory_hook(config, coordinator, directory.path, events))
         detector = StragglerDetector(config.watchdog.straggler_window, config.watchdog.straggler_ratio)
@@ -230,6 +232,11 @@ def _coordinate(
         name = exc.signal_name
         who = culprit_record(0, "coordinator", "signal", f"received {name}", socket.gethostname())
         return _interrupted(coordinator, watchdog, exc, "rank 0 (coordinator)", lambda: conclude(name, who))
+    except disk.DiskFull as exc:
+        log.error("job stopped: %s", exc)
+        conclude("disk full", culprit_of(exc, run_dir))
+        coordinator.shutdown(exc.exit_code, "disk full")
+        return exc.exit_code
     except UserError as exc:
         conclude("configuration error", culprit_of(exc, run_dir))
         coordinator.shutdown(2, "configuration error")
@@ -265,7 +272,12 @@ def _coordinate(
         checkpoints.close()
         _conclude(directory, events, started, outcome, culprit, summary)
         events.close()
-        write_spans(timeline.drain() + coordinator.worker_spans, run_dir / "timeline.jsonl")
+        try:
+            write_spans(timeline.drain() + coordinator.worker_spans, run_dir / "timeline.jsonl")
+        except OSError as exc:
+            if not disk.is_disk_error(exc):
+                raise
+            log.warning("timeline.jsonl not written: %s (%s)", exc.strerror, disk.describe_free(run_dir))
 
 
 def _conclude(
@@ -280,6 +292,8 @@ def _conclude(
     the watchdog's or the death watch's when one of them named a rank before), the ``end``
     event once, ``summary.json`` (``summary``: a finished run's; else an interrupted one's)."""
     wall = round(time.monotonic() - started, 3)
+    if disk.watch().failing and directory.reserve is not None:  # the last records need room
+        directory.reserve.release()
     if culprit is not None:
         _, outcome, culprit = claim_culprit(directory.path, directory.run_id, outcome, culprit)
     elif summary is None and (claim := directory.claimed()) is not None:
@@ -385,6 +399,9 @@ def culprit_of(exc: BaseException, run_dir: Path) -> dict[str, Any]:
         return culprit_record(None, None, "timeout", str(exc))
     if isinstance(exc, UserError):
         return culprit_record(0, "coordinator", "configuration", str(exc), socket.gethostname())
+    if isinstance(exc, disk.DiskFull):
+        return culprit_record(0, "coordinator", "disk_full", str(exc), socket.gethostname(),
+                              path=str(exc.path), free_bytes=exc.free)  # fmt: skip
     error = f"{type(exc).__name__}: {exc}"
     return culprit_record(0, "coordinator", "exception", error, socket.gethostname())
 

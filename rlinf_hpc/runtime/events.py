@@ -1,4 +1,5 @@
-"""JSON-lines event/metrics stream: one object per line, flushed as written."""
+"""JSON-lines event stream: one object per line, written as it comes (held while the disk is
+full: `disk.AppendFile`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from rlinf_hpc.runtime.disk import AppendFile
 
 
 class EventLog:
@@ -17,11 +20,11 @@ class EventLog:
         self.path = path
         self.rank = rank
         self.run_id = run_id
-        self._file = None
+        self._file: AppendFile | None = None
         self._lock = threading.Lock()  # the watchdog thread writes too
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = path.open("a", encoding="utf-8")
+            self._file = AppendFile(path)
 
     def write(self, event: str, **fields: Any) -> None:
         """Append one event with this rank and a timestamp."""
@@ -33,7 +36,6 @@ class EventLog:
         with self._lock:
             if self._file is not None:
                 self._file.write(json.dumps(record, default=str) + "\n")
-                self._file.flush()
 
     def close(self) -> None:
         with self._lock:

@@ -26,6 +26,7 @@ from rlinf_hpc.imports import loaded
 from rlinf_hpc.log import get_logger
 from rlinf_hpc.runtime.accounting import claim_culprit, culprit_record
 from rlinf_hpc.runtime.crashes import CrashRecorder, crash_cause
+from rlinf_hpc.runtime.disk import describe_free, is_disk_error
 from rlinf_hpc.runtime.oomkill import boot_seconds, cgroup_state, death_cause
 from rlinf_hpc.runtime.ownership import pid_alive
 from rlinf_hpc.runtime.progress import current_progress
@@ -53,6 +54,8 @@ class Heartbeat:
         self.boot_s = boot_seconds()  # its start on the kernel log's clock (`oomkill`)
         self._dumped: str | None = None
         self._errors: set[str] = set()  # kinds of beat failures logged already
+        self.disk_full = False  # its last beat failed: the run directory's disk is full
+        self.disk_full_at = 0.0  # when a beat last failed so
         self.gpu: Any = None  # `GpuGuard` once a component of this rank works on a GPU
         self._stop = threading.Event()
         self._write_lock = threading.Lock()  # the main thread beats too, on a new component
@@ -76,12 +79,23 @@ class Heartbeat:
             self._poll_gpu()
             try:
                 self._beat()
+                if self.disk_full:
+                    self.disk_full = False
+                    log.warning("rank %d writes its heartbeat again", self.rank)
                 self._answer_dump_request()
                 if self.rank != 0:
                     self._watch_coordinator()
-            except OSError as exc:  # a full or vanished run directory: say so once, stop beating
-                log.warning("heartbeat of rank %d stopped: %s", self.rank, exc)
-                return
+            except OSError as exc:
+                if not is_disk_error(exc):  # a vanished run directory: say so once, stop beating
+                    log.warning("heartbeat of rank %d stopped: %s", self.rank, exc)
+                    return
+                if not self.disk_full:  # full: beat again at every interval, said once
+                    log.warning(
+                        "rank %d cannot write its heartbeat: the run directory is full (%s, %s); "
+                        "it goes on trying (the watchdog does not count a full disk as a stopped rank)",
+                        self.rank, exc.strerror or exc, describe_free(self.dir),
+                    )  # fmt: skip
+                self.disk_full, self.disk_full_at = True, time.time()
             except Exception as exc:  # noqa: BLE001 - a bug in one figure must not silence the rank
                 # (the thread ended here before, and the watchdog named the rank frozen 2 min
                 # later); said once per kind of error, the next beat tries again
@@ -135,7 +149,11 @@ class Heartbeat:
         problem = None
         if record.get("host") == socket.gethostname() and not pid_in_record_alive(record.get("pid")):
             problem = death_of(0, record, heartbeats=self.dir)
-        elif time.time() - float(record.get("time", time.time())) > self.hang_timeout_s:
+        # silence counts from the last beat this rank could not write either (a full disk stops
+        # rank 0's beats as well: not a stopped coordinator)
+        elif (
+            time.time() - max(float(record.get("time", time.time())), self.disk_full_at) > self.hang_timeout_s
+        ):
             problem = {
                 "rank": 0,
                 "kind": "stopped",

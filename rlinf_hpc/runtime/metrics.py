@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from rlinf_hpc.errors import UserError
+from rlinf_hpc.runtime.disk import AppendFile
 
 
 def tensorboard_available() -> bool:
@@ -49,13 +50,12 @@ class MetricsLog:
     def __init__(
         self, run_dir: Path | None, tensorboard: bool = False, resume_after: int | None = None
     ) -> None:
-        self._file = None
+        self._file: AppendFile | None = None
         if run_dir is not None:
             path = run_dir / "metrics.jsonl"
             kept = _records_up_to(path, resume_after) if resume_after is not None else []
-            self._file = path.open("w", encoding="utf-8")
-            self._file.writelines(kept)
-            self._file.flush()
+            self._file = AppendFile(path, truncate=True)  # held while the disk is full
+            self._file.write("".join(kept))
         self._writer: Any = None
         if tensorboard and run_dir is not None:
             require_tensorboard()
@@ -67,7 +67,6 @@ class MetricsLog:
     def write(self, step: int, record: dict[str, Any]) -> None:
         if self._file is not None:
             self._file.write(json.dumps(record) + "\n")
-            self._file.flush()
         if self._writer is not None:
             for name, value in _scalars(record).items():
                 if name != "step":

@@ -20,6 +20,7 @@ from typing import Any
 
 from rlinf_hpc.errors import UserError
 from rlinf_hpc.runtime import accounting
+from rlinf_hpc.runtime.disk import Reserve, is_disk_error
 from rlinf_hpc.runtime.ownership import DirectoryLock
 
 LOCK_NAME = "RUN.lock"
@@ -81,6 +82,8 @@ class RunDirectory:
     def __init__(self, path: Path, run_id: str | None = None) -> None:
         self.path = path
         self.run_id = run_id or new_run_id()
+        #: A few MB held from `open` on, given back for the last records when the disk is full.
+        self.reserve: Reserve | None = None
         self._lock = DirectoryLock(
             path / LOCK_NAME,
             f"run directory '{path}'",
@@ -97,6 +100,7 @@ class RunDirectory:
         check_run_dir(self.path)
         self._lock.acquire(job_id, self.run_id)
         accounting.clear(self.path)
+        self.reserve = Reserve(self.path)
         self.write_summary({"outcome": "running", "started": time.time()})
 
     def claimed(self) -> tuple[str, dict[str, Any]] | None:
@@ -111,8 +115,17 @@ class RunDirectory:
         if claim is not None:
             record.update(outcome=claim[0], interrupted=True, culprit=claim[1])
         tmp = self.path / "summary.json.tmp"
-        tmp.write_text(json.dumps(record, indent=2, default=str), encoding="utf-8")
+        text = json.dumps(record, indent=2, default=str)
+        try:
+            tmp.write_text(text, encoding="utf-8")
+        except OSError as exc:
+            if not is_disk_error(exc) or self.reserve is None:
+                raise
+            self.reserve.release()  # a full disk: the reserve is there for this
+            tmp.write_text(text, encoding="utf-8")
         tmp.replace(self.path / "summary.json")
 
     def close(self) -> None:
+        if self.reserve is not None:
+            self.reserve.release()
         self._lock.release()

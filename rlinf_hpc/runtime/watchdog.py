@@ -25,8 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from rlinf_hpc.log import get_logger
+from rlinf_hpc.runtime import disk
 from rlinf_hpc.runtime.crashes import crash_cause
 from rlinf_hpc.runtime.deathwatch import exit_order
+from rlinf_hpc.runtime.disk import is_disk_error
 from rlinf_hpc.runtime.heartbeat import (
     DUMP_REQUEST,
     HEARTBEATS,
@@ -80,6 +82,7 @@ class Watchdog:
         self._seen: set[int] = set()
         self._warned: set[tuple[int, str]] = set()
         self._unseen_reported = False
+        self._disk_refused_at = 0.0  # the last time its probe found the disk full
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="watchdog", daemon=True)
         self._thread.start()
@@ -94,13 +97,19 @@ class Watchdog:
             if rank == 0:
                 continue
             self._seen.add(rank)
-            age = now - float(record.get("time", now))
+            # silence counts from the last moment the disk refused writes (heartbeats included)
+            age = now - max(float(record.get("time", now)), self._disk_refused_at)
             beats = self.run_dir / HEARTBEATS
             gone = record.get("host") == host and not pid_in_record_alive(record.get("pid"))
             if gone or crash_cause(beats, rank) is not None:  # (a crash: any node's rank)
                 problems.append(death_of(rank, record, age, beats))
             elif age > self.hang_timeout_s:
                 problems.append({"rank": rank, "kind": "stopped", "age_s": age, "record": record})
+        stopped = any(p["kind"] == "stopped" for p in problems)
+        if (stopped or self.run_dir / HEARTBEATS in disk.watch().failing) and self._disk_refuses():
+            # heartbeats that cannot be written are not stopped ranks: the disk is full (said
+            # once; the job stops at a step boundary if it stays so, `disk.DiskWatch`)
+            problems = [p for p in problems if p["kind"] != "stopped"]
         if not problems:
             problems = stuck_waits(records, now, self.hang_timeout_s)
         else:  # the dead first, in the order this node's death watch saw them exit
@@ -116,6 +125,24 @@ class Watchdog:
                     "filesystem?): the watchdog cannot watch them", unseen, self.run_dir / HEARTBEATS,
                 )  # fmt: skip
         return problems
+
+    def _disk_refuses(self) -> bool:
+        """Whether the heartbeats' directory takes no more writes now (a probe of one block)."""
+        beats = self.run_dir / HEARTBEATS
+        probe = beats / ".disk-probe"
+        try:
+            probe.write_bytes(b"\0" * 4096)
+            probe.unlink()
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                probe.unlink()
+            if is_disk_error(exc):
+                self._disk_refused_at = time.time()
+                disk.watch().report(beats, exc)
+                return True
+            return False
+        disk.watch().recovered(beats)
+        return False
 
     def fail_if_dead(self, then: str) -> None:
         """End the job now, naming them, if ranks of this node have died (``then``: what

@@ -246,6 +246,14 @@ class Worker:
         (`checkpoint_poll`). Sent by the checkpoint manager at a step boundary."""
         return self._checkpointing().save(directory, asynchronous)
 
+    def state_nbytes(self) -> int:
+        """Bytes this rank's part of a checkpoint takes (its `state_dict` where it writes one,
+        its shards): the checkpoint manager's estimate before the first save."""
+        from rlinf_hpc.runtime.checkpoint.room import state_bytes
+
+        owns = self.group_rank == 0 or not self.replicated_state
+        return state_bytes(self.state_dict() if owns else None) + state_bytes(self.sharded_state())
+
     def checkpoint_poll(self, wait: bool = False) -> list[dict[str, Any]] | None:
         """The files of the last `checkpoint_save` once written (None while writing)."""
         return self._checkpointing().poll(wait)

@@ -82,6 +82,15 @@ class ActorWorker(PolicyWorker):
             return None
         return {"model": self.model.state_dict(), "optimizer": self.trainer.optimizer_state_dict()}
 
+    def state_nbytes(self) -> int:
+        """As saved, with the optimizer's two moments per parameter counted before its first
+        step creates them (the estimate of the checkpoint's size at the start)."""
+        nbytes = super().state_nbytes()
+        if not self.trainer.optimizer.state:
+            local = [p.to_local() if hasattr(p, "to_local") else p for p in self.model.parameters()]
+            nbytes += 2 * sum(p.numel() * p.element_size() for p in local if p.requires_grad)
+        return nbytes
+
     def sharded_state(self) -> dict[str, Any] | None:
         """FSDP2: the policy and the RL optimizer as this rank's shards (DTensors), for
         torch.distributed.checkpoint."""

@@ -19,6 +19,8 @@ commit (manifest + rename) happens at a later step boundary once every rank has 
 
 from __future__ import annotations
 
+import errno
+import os
 import socket
 import time
 from collections.abc import Callable, Sequence
@@ -34,15 +36,18 @@ from rlinf_hpc.errors import (
     WorkerError,
 )
 from rlinf_hpc.log import get_logger
+from rlinf_hpc.runtime import disk
 from rlinf_hpc.runtime.checkpoint.files import BackgroundWrite, file_name, read_state
 from rlinf_hpc.runtime.checkpoint.requeue import exit_code_after_stop
 from rlinf_hpc.runtime.checkpoint.resume import check_fits, find_resume_target
+from rlinf_hpc.runtime.checkpoint.room import check_room, manifest_bytes, room_error
 from rlinf_hpc.runtime.checkpoint.state import capture_rng, host_copy, restore_rng
 from rlinf_hpc.runtime.checkpoint.store import (
     Checkpoint,
     CheckpointStore,
     config_hash,
 )
+from rlinf_hpc.runtime.disk import DISK_ERRNOS, describe_free, free_bytes, is_disk_error
 from rlinf_hpc.runtime.signals import stop_requested
 
 log = get_logger("checkpoint")
@@ -95,6 +100,7 @@ class CheckpointManager:
         self._last_save = time.monotonic()
         self._slowest_step = 0.0
         self._save_s = 0.0
+        self._size = 0  # bytes of a checkpoint: estimated at the start, then measured
         self.saved: list[dict[str, Any]] = []
 
     # -- start -------------------------------------------------------------------------------
@@ -126,8 +132,13 @@ class CheckpointManager:
                 "longer); lower it below %g s less a save's time", grace, kill_wait, kill_wait,
             )  # fmt: skip
         self.target = find_resume_target(self.store, self.resume_mode)
+        self.store.remove_unfinished()  # (``never`` moved them aside with the rest)
         if self.target is not None:
             check_fits(self.target, self.config, self.force)
+            self._size = manifest_bytes(self.target.manifest)
+            check_room(
+                self.store.root, self._size, self.settings.keep, f"the size of {self.target.path.name}"
+            )
 
     # -- resume ------------------------------------------------------------------------------
     def restore(self, pipelines: Sequence[Any] = ()) -> dict[str, Any] | None:
@@ -136,6 +147,11 @@ class CheckpointManager:
         if self.target is None:
             if not self.enabled and self.settings.enabled:  # said once, by flows that checkpoint
                 log.info("checkpoints off: no --run-dir and no checkpoint.dir")
+            elif self.enabled:  # before the first step: is there room for what will be saved?
+                self._size = self._estimate_size()
+                check_room(
+                    self.store.root, self._size, self.settings.keep, "estimated from the workers' state"
+                )
             return None
         coordinator = self.coordinator
         checkpoint = self.target
@@ -162,6 +178,12 @@ class CheckpointManager:
         )  # fmt: skip
         coordinator.record("checkpoint_resumed", path=str(checkpoint.path), step=checkpoint.step)
         return saved["flow"]
+
+    def _estimate_size(self) -> int:
+        """Bytes a checkpoint of this job will take, from every worker's state now."""
+        groups = self.coordinator.placement.groups
+        futures = [self.coordinator.group(name).call("state_nbytes") for name in groups]
+        return sum(sum(future.result()) for future in futures)
 
     def _check_world(self, checkpoint: Checkpoint, saved_groups: dict[str, list[int]]) -> None:
         current = self.coordinator.placement.groups
@@ -231,6 +253,8 @@ class CheckpointManager:
         """The job ends (however it ends): release the directory's lock. A save still in flight
         stays a ``step-N.tmp`` that the next run skips; `finish` is what waits for the last one."""
         if self.store is not None and self.enabled:
+            if self._pending is not None and disk.watch().failing:  # room for the last records
+                self.store.discard(self._pending.staging)
             self.store.release()
 
     def _stop_reason(self) -> str | None:
@@ -254,7 +278,9 @@ class CheckpointManager:
         state: Callable[[], dict[str, Any]],
         pipelines: Sequence[Any],
         wait: bool,
-    ) -> Path:
+    ) -> Path | None:
+        """Save step ``step``: the committed folder (``wait``), the staging folder (in
+        flight), or None if it failed (`_failed`)."""
         assert self.store is not None
         self._finish_pending(wait=True)
         coordinator = self.coordinator
@@ -265,7 +291,13 @@ class CheckpointManager:
                 "save at a step boundary, after every call of the step has returned"
             )
         started = time.monotonic()
-        staging = self.store.staging(step)
+        full = room_error(self.store.root, self._size) if reason == "periodic" else None
+        if full is not None:  # it would fill the disk, and every record of the run, then fail
+            return self._failed(step, reason, None, full)
+        try:
+            staging = self.store.staging(step)
+        except OSError as exc:  # a full disk: not even the folder
+            return self._failed(step, reason, None, exc)
         groups = {name: list(ranks) for name, ranks in coordinator.placement.groups.items()}
         asynchronous = self.settings.async_save and not wait
         futures = {
@@ -281,10 +313,17 @@ class CheckpointManager:
             }
         )
         replicated, reshardable = {}, {}
-        for name, future in futures.items():
-            replies = future.result()
+        errors: list[Exception] = []
+        for name, future in futures.items():  # every reply, failed or not: none left in flight
+            try:
+                replies = future.result()
+            except WorkerError as exc:
+                errors.append(exc)
+                continue
             replicated[name] = all(r["replicated"] for r in replies)
             reshardable[name] = all(r.get("reshardable", False) for r in replies)
+        if errors:
+            return self._failed(step, reason, staging, errors[0])
         stall = time.monotonic() - started
         write = BackgroundWrite(staging, COORDINATOR_FILE, own, asynchronous)
         self._pending = _Pending(
@@ -310,38 +349,69 @@ class CheckpointManager:
         pending = self._pending
         if pending is None:
             return None
-        try:
-            polls = {
-                name: self.coordinator.group(name).call("checkpoint_poll", wait)
-                for name in sorted(pending.waiting)
-            }  # every group at once: one round trip, not one per group
-            for name, poll in polls.items():
+        polls = {
+            name: self.coordinator.group(name).call("checkpoint_poll", wait)
+            for name in sorted(pending.waiting)
+        }  # every group at once: one round trip, not one per group
+        errors: list[Exception] = []
+        for name, poll in polls.items():  # every reply, failed or not: none left in flight
+            try:
                 replies = poll.result()
-                for records in replies:  # a rank reports its files once: keep them at once
-                    for record in records or []:
-                        pending.files[record["name"]] = record
-                if all(r is not None for r in replies):
-                    pending.waiting.discard(name)
-            if pending.waiting or not pending.coordinator_write.done(wait):
-                return None
-            if pending.coordinator_write.error is not None:
-                raise pending.coordinator_write.error
-            for record in pending.coordinator_write.records or []:
-                pending.files[record["name"]] = record
-        except (WorkerError, OSError) as exc:
+            except WorkerError as exc:
+                errors.append(exc)
+                continue
+            for records in replies:  # a rank reports its files once: keep them at once
+                for record in records or []:
+                    pending.files[record["name"]] = record
+            if all(r is not None for r in replies):
+                pending.waiting.discard(name)
+        if errors:
             self._pending = None
-            self.store.discard(pending.staging)  # type: ignore[union-attr]
-            newest = self.saved[-1]["path"] if self.saved else "none yet"
-            log.error(
-                "checkpoint of step %d failed (%s); the newest complete checkpoint (%s) is intact",
-                pending.step, exc, newest,
-            )  # fmt: skip
-            self.coordinator.record("checkpoint_failed", step=pending.step, error=str(exc), newest=newest)
-            if pending.reason != "periodic":
-                raise
+            return self._failed(pending.step, pending.reason, pending.staging, errors[0])
+        if pending.waiting or not pending.coordinator_write.done(wait):
             return None
+        if pending.coordinator_write.error is not None:
+            self._pending = None
+            return self._failed(
+                pending.step, pending.reason, pending.staging, pending.coordinator_write.error
+            )
+        for record in pending.coordinator_write.records or []:
+            pending.files[record["name"]] = record
         self._pending = None
-        return self._commit(pending)
+        try:
+            return self._commit(pending)
+        except OSError as exc:  # the manifest or the rename, on a full disk
+            return self._failed(pending.step, pending.reason, pending.staging, exc)
+
+    def _failed(self, step: int, reason: str, staging: Path | None, exc: BaseException) -> None:
+        """A save that failed (or, ``staging`` None, was not started: no room): its partial
+        folder removed, the previous checkpoint kept. A periodic one is retried at the next
+        interval; any other (the last, before a stop) fails the job — `disk.DiskFull` when the
+        disk is what failed it."""
+        assert self.store is not None
+        if staging is not None:
+            self.store.discard(staging)
+            disk.watch().flush()  # the records held while it filled the disk go out now
+        newest = self.saved[-1]["path"] if self.saved else "none yet"
+        text = str(exc)  # a worker's OSError arrives as its text
+        full = is_disk_error(exc) or any(os.strerror(code) in text for code in DISK_ERRNOS)
+        what = "failed" if staging is not None else "not started"
+        removed = "; its partial folder is removed" if staging is not None else ""
+        log.error(
+            "checkpoint of step %d %s (%s; %s in %s)%s; the newest complete checkpoint (%s) is intact%s",
+            step, what, exc, describe_free(self.store.root), self.store.root, removed, newest,
+            "; the next is tried at the next interval" if reason == "periodic" else "",
+        )  # fmt: skip
+        self.coordinator.record(
+            "checkpoint_failed", step=step, error=text, newest=newest, disk_full=full,
+            free_bytes=free_bytes(self.store.root),
+        )  # fmt: skip
+        if reason == "periodic":
+            return None
+        if full:
+            error = exc if isinstance(exc, OSError) else OSError(errno.ENOSPC, text)
+            raise disk.DiskFull(self.store.root, error) from exc
+        raise exc
 
     def _commit(self, pending: _Pending) -> Path:
         assert self.store is not None
@@ -383,6 +453,9 @@ class CheckpointManager:
         seconds = time.monotonic() - pending.started
         self._save_s = max(self._save_s, seconds)
         size = sum(r["size"] for r in pending.files.values())
+        if not self.saved and size > 1.5 * self._size:  # the estimate fell short: say so now
+            check_room(self.store.root, size, self.settings.keep, "measured by the first save", refuse=False)
+        self._size = size
         entry = {
             "step": pending.step, "reason": pending.reason, "path": str(path), "seconds": round(seconds, 4),
             "stall_s": round(pending.stall_s, 4), "bytes": size,

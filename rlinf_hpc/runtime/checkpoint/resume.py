@@ -38,6 +38,14 @@ def find_resume_target(store: CheckpointStore, mode: str) -> Checkpoint | None:
             log.warning("no complete checkpoint in %s: starting from the beginning", store.root)
         return found
     path = Path(mode).expanduser()
+    if path.name.startswith("step-") and path.name.endswith(".tmp"):
+        newest = CheckpointStore(path.parent).newest_complete() if path.parent.is_dir() else None
+        raise UserError(
+            f"--resume {mode} is a save that did not finish (a step-N.tmp folder has no manifest, "
+            "and its files may be partial): resume from a complete checkpoint instead — "
+            + (f"the newest in {path.parent} is {newest.path}" if newest else f"{path.parent} holds none")
+            + " (or `--resume auto`)."
+        )
     try:
         if (path / "manifest.json").is_file() or path.name.startswith("step-"):
             return open_checkpoint(path)

@@ -233,6 +233,16 @@ class CheckpointStore:
                 log.warning("skipping checkpoint %s: %s", path, exc)
                 continue
             return checkpoint
-        for path in self.root.glob("step-*.tmp"):
-            log.warning("skipping checkpoint %s: a save that did not finish", path)
         return None
+
+    def remove_unfinished(self) -> list[Path]:
+        """Remove the ``step-N.tmp`` folders of saves that did not finish (a job killed or out
+        of disk while saving), each said with its size; returns them. Under the directory's lock:
+        no other job is writing one."""
+        removed = []
+        for path in sorted(self.root.glob("step-*.tmp")):
+            size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+            log.warning("removing %s: a save that did not finish (%.1f MB)", path, size / 1e6)
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+        return removed
