@@ -21,10 +21,7 @@ SETS = [
     *[s for s in TINY if not s.startswith(("grpo.steps=", "flow.runner="))],
     "grpo.steps=30",  # signalled after 10: the rest (~10 s) outlasts the signal's way in by seconds
     "checkpoint.every_steps=10",  # periodic saves before the signal and after the resume
-    # fixed micro-batches: elastic ones follow timing, and with them this test saw one loss
-    # differ in its 7th digit at step 35 of 60 on a slow box (suspected: a micro-batch's padded
-    # length changes the last bits of batched log-probs); the exact resume is this test's point
-    "pipeline.elastic=false",
+    # elastic micro-batches (the default): batch-invariant forwards keep the resume exact
     "flow.runner=math_grpo",
     # every component on one worker rank: 2 tasks start in a third of the CPU time of 5 (each
     # worker rank imports torch and transformers), and the save/requeue/resume path is the same

@@ -62,6 +62,22 @@ def token_micro_batches(lengths: list[int], budget: int) -> list[list[int]]:
     return batches
 
 
+def group_micro_batches(groups: list[int], lengths: list[int], budget: int) -> list[list[int]]:
+    """`token_micro_batches` within each group of consecutive rows (``groups``: their sizes), never
+    across: a row's micro-batch then depends on its own group only, not on which groups a
+    caller put beside it (batch invariance).
+
+    >>> group_micro_batches([2, 3], [5, 9, 3, 9, 4], 18)
+    [[0, 1], [3, 4], [2]]
+    """
+    batches, start = [], 0
+    for size in groups:
+        part = lengths[start : start + size]
+        batches += [[start + i for i in batch] for batch in token_micro_batches(part, budget)]
+        start += size
+    return batches
+
+
 def split_to_count(batches: list[list[int]], lengths: list[int], count: int) -> list[list[int]]:
     """``batches`` split until there are ``count`` of them (each rank of a sharded model must
     run as many forwards as the others): the one of largest padded size is halved each time;

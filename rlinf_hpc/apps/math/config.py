@@ -178,6 +178,15 @@ class GRPOConfig(_Section):
     minibatches: int = Field(
         1, ge=1, description="Optimizer steps per pass (the ratio leaves 1 from the second on)."
     )
+    batch_invariant: bool = Field(
+        True,
+        description="Rollout sampling (transformers) and the inference pass run each prompt's "
+        "group of samples in forwards of their own, so a number never depends on which prompts "
+        "an (elastic) micro-batch put beside it: the same config gives the same metrics to the "
+        "last bit on CPU whatever the load, and a kill + resume is bitwise exact. false: whole "
+        "micro-batches per forward (faster for tiny models; the last bits then follow the "
+        "micro-batch sizes). vLLM's batching is its own: not batch invariant.",
+    )
     off_policy_steps: int = Field(
         0,
         ge=0,

@@ -62,7 +62,17 @@ class CriticWorker(PolicyWorker):
         """The stage: per completion token values, GAE advantages and returns (not whitened)."""
         grpo = self.config.grpo
         prompts, completions = self._tokens(batch)
-        values = sequence_values(self.value_model, prompts, completions, self.tokenizer.pad_id, self.device)
+        bounds = [0]  # a forward per prompt's group (`grpo.batch_invariant`), else one for all
+        for item in batch if grpo.batch_invariant else ():
+            bounds.append(bounds[-1] + len(item["completions"]))
+        bounds = bounds if len(bounds) > 1 else [0, len(prompts)]
+        values = [
+            value
+            for a, b in zip(bounds, bounds[1:], strict=False)
+            for value in sequence_values(
+                self.value_model, prompts[a:b], completions[a:b], self.tokenizer.pad_id, self.device
+            )
+        ]
         value_mat, mask = pad_right([v.cpu() for v in values], grpo.max_response_length)
         scores = torch.tensor([r for item in batch for r in item["rewards"]], dtype=value_mat.dtype)
         rewards = outcome_token_rewards(scores, mask)

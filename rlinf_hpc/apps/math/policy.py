@@ -27,7 +27,7 @@ from rlinf_hpc.errors import UserError
 from rlinf_hpc.log import get_logger
 from rlinf_hpc.runtime.progress import Progress
 from rlinf_hpc.workers.base import Worker
-from rlinf_hpc.workers.sharding import token_micro_batches
+from rlinf_hpc.workers.sharding import group_micro_batches, token_micro_batches
 from rlinf_hpc.workers.weights import receive_weights, take_weights
 
 log = get_logger("rollout")
@@ -187,9 +187,20 @@ class RolloutWorker(PolicyWorker):
             return [c for group in groups for c in group]
         rows = [ids for ids in prompt_ids for _ in range(grpo.group_size)]
         keys = [(seed, item["step"], item["uid"], j) for item in batch for j in range(grpo.group_size)]
-        return generate(
-            self.model, self.tokenizer, rows, grpo.max_response_length, keys, grpo.temperature, self.device
-        )
+        size = grpo.group_size if grpo.batch_invariant else len(rows)  # a prompt's group alone
+        return [
+            completion
+            for start in range(0, len(rows), size)
+            for completion in generate(
+                self.model,
+                self.tokenizer,
+                rows[start : start + size],
+                grpo.max_response_length,
+                keys[start : start + size],
+                grpo.temperature,
+                self.device,
+            )  # fmt: skip
+        ]
 
     def _greedy(self, prompt_ids: list[list[int]]) -> list[Any]:
         max_new = self.config.grpo.max_response_length
@@ -307,12 +318,13 @@ class InferenceWorker(PolicyWorker):
     def logprobs(self, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
         prompts = [item["prompt_ids"] for item in batch for _ in item["completions"]]
         completions = [ids for item in batch for ids in item["completions"]]
-        old = self._micro_batched(self.model, prompts, completions)
+        groups = [len(item["completions"]) for item in batch]
+        old = self._micro_batched(self.model, prompts, completions, groups)
         ref = None
         if self.config.grpo.kl_coef > 0:
             if self.reference is None:
                 raise RuntimeError("set_reference() must run before log-probs with a KL penalty")
-            ref = self._micro_batched(self.reference, prompts, completions)
+            ref = self._micro_batched(self.reference, prompts, completions, groups)
         out, k = [], 0
         for item in batch:
             n = len(item["completions"])
@@ -324,13 +336,20 @@ class InferenceWorker(PolicyWorker):
         return out
 
     def _micro_batched(
-        self, model: Any, prompts: list[list[int]], completions: list[list[int]]
+        self, model: Any, prompts: list[list[int]], completions: list[list[int]], groups: list[int]
     ) -> list[torch.Tensor]:
         """Per-token log-probs of every row, in forwards of at most ``grpo.micro_batch_tokens``
-        padded tokens (the actor's budget: a 151 k vocabulary's logits dominate the memory)."""
+        padded tokens (the actor's budget: a 151 k vocabulary's logits dominate the memory);
+        with ``grpo.batch_invariant`` each prompt's group (``groups``: their sizes, in row order)
+        in forwards of its own."""
+        grpo = self.config.grpo
         lengths = [len(p) + len(c) for p, c in zip(prompts, completions, strict=True)]
         out: list[torch.Tensor] = [torch.empty(0)] * len(prompts)
-        for index in token_micro_batches(lengths, self.config.grpo.micro_batch_tokens):
+        if grpo.batch_invariant:
+            batches = group_micro_batches(groups, lengths, grpo.micro_batch_tokens)
+        else:
+            batches = token_micro_batches(lengths, grpo.micro_batch_tokens)
+        for index in batches:
             rows = shared_prefix_logprobs(
                 model, [prompts[i] for i in index], [completions[i] for i in index],
                 self.tokenizer.pad_id, self.device,
