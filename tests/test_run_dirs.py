@@ -4,6 +4,7 @@ event, a default directory when none is given; bad data and model files named up
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -63,6 +64,25 @@ def test_read_only_run_dir_is_refused(tmp_path: Path) -> None:
         )
     finally:
         subprocess.run(["umount", str(mount)], check=False)
+
+
+def test_a_full_run_dir_is_refused_with_its_free_space(tmp_path: Path) -> None:
+    """A directory can be created on a full disk (an empty file needs no block), but nothing
+    written there: refused at the start, once, exit 2 (rank 0 died in its lock's write, and the
+    other ranks waited in the start-up broadcast until MPI_Finalize's bound)."""
+    mount = tmp_path / "full"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)]).returncode:
+        pytest.skip("cannot mount a small tmpfs here")
+    try:
+        with contextlib.suppress(OSError), (mount / "filler").open("wb") as out:
+            while True:
+                out.write(b"\0" * 4096)
+        result = rlinf("run", str(CONFIGS / "hello.toml"), "--run-dir", str(mount / "run"))
+        _refused(result, "takes no more writes (No space left on device; 0.0 MB free)", "Free space there")
+        assert result.output.count("rlinf-hpc: error:") == 1, result.output
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def test_default_run_dir_and_run_ids(tmp_path: Path) -> None:

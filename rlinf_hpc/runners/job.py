@@ -78,6 +78,11 @@ def _load_on_coordinator(
             payload = {"config": config.model_dump(mode="json"), "run_dir": str(path)}
         except UserError as exc:
             payload = {"error": str(exc)}
+        except Exception as exc:  # a bug: say it to every rank (they wait in the broadcast), then raise
+            control.broadcast_from_coordinator(
+                {"error": f"rank 0 failed at start: {type(exc).__name__}: {exc}"}
+            )
+            raise
     else:
         payload = {}
     payload = control.broadcast_from_coordinator(payload)

@@ -143,12 +143,15 @@ class DiskWatch:
 
 class Reserve:
     """A few MB held in the run directory from the start, given back when the disk is full so
-    that the job's last records fit."""
+    that the job's last records fit (where even that does not fit, none: the records are small)."""
 
     NAME = ".rlinf-reserve"
 
     def __init__(self, directory: Path, size: int = 4 << 20) -> None:
+        """``size`` bytes, or an eighth of the free space where that is less."""
         self.path = directory / self.NAME
+        free = free_bytes(directory)
+        size = min(size, free // 8) if free is not None else size
         try:
             with self.path.open("wb") as out:
                 out.write(b"\0" * size)  # real blocks (a sparse file would hold nothing)

@@ -20,7 +20,7 @@ from typing import Any
 
 from rlinf_hpc.errors import UserError
 from rlinf_hpc.runtime import accounting
-from rlinf_hpc.runtime.disk import Reserve, is_disk_error
+from rlinf_hpc.runtime.disk import Reserve, describe_free, is_disk_error
 from rlinf_hpc.runtime.ownership import DirectoryLock
 
 LOCK_NAME = "RUN.lock"
@@ -98,10 +98,18 @@ class RunDirectory:
     def open(self, job_id: str | None) -> None:
         """Check, lock, and replace any earlier run's summary with this run's "running" one."""
         check_run_dir(self.path)
-        self._lock.acquire(job_id, self.run_id)
-        accounting.clear(self.path)
-        self.reserve = Reserve(self.path)
-        self.write_summary({"outcome": "running", "started": time.time()})
+        try:
+            self._lock.acquire(job_id, self.run_id)
+            accounting.clear(self.path)
+            self.reserve = Reserve(self.path)
+            self.write_summary({"outcome": "running", "started": time.time()})
+        except OSError as exc:
+            self._lock.release()
+            raise UserError(
+                f"run directory '{self.path}' takes no more writes ({exc.strerror or exc}; "
+                f"{describe_free(self.path)}): the job could not record its events, metrics or "
+                "checkpoints. Free space there, or give --run-dir on a filesystem with room."
+            ) from None
 
     def claimed(self) -> tuple[str, dict[str, Any]] | None:
         """``(outcome, culprit)`` if this run's culprit was named (`accounting`), else None."""
