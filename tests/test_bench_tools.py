@@ -48,6 +48,25 @@ def test_bench_comm_writes_every_ratio(tmp_path: Path) -> None:
     assert "ratios (ours / baseline)" in result.stdout
 
 
+def test_bench_determinism_times_both_modes(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    command = [
+        str(BIN / "python"),
+        str(REPO / "tools" / "bench_determinism.py"),
+        "--steps",
+        "3",
+        "--json",
+        str(out),
+    ]
+    result = run_command(command, timeout=400, cwd=REPO / "tools")
+    assert result.returncode in (0, 1), result.output  # 1 = a bound missed on a busy box
+    data = json.loads(out.read_text())
+    assert (
+        set(data["ratios"]) == {"invariant_step_vs_plain"} and data["ratios"]["invariant_step_vs_plain"] > 0
+    )
+    assert set(data["times"]) == {"plain", "invariant"} and data["twins"] is None
+
+
 def test_bench_channel_writes_every_ratio(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     result = run_command(
