@@ -247,12 +247,14 @@ class Worker:
         return self._checkpointing().save(directory, asynchronous)
 
     def state_nbytes(self) -> int:
-        """Bytes this rank's part of a checkpoint takes (its `state_dict` where it writes one,
-        its shards): the checkpoint manager's estimate before the first save."""
+        """Bytes this rank's part of a checkpoint takes: the checkpoint manager's estimate
+        before the first save. The default counts `state_dict` where this rank writes it; a
+        worker with `sharded_state` counts its shards itself (building them can have effects:
+        torch's `get_state_dict` steps an optimizer that has no state yet, to create it)."""
         from rlinf_hpc.runtime.checkpoint.room import state_bytes
 
         owns = self.group_rank == 0 or not self.replicated_state
-        return state_bytes(self.state_dict() if owns else None) + state_bytes(self.sharded_state())
+        return state_bytes(self.state_dict() if owns else None)
 
     def checkpoint_poll(self, wait: bool = False) -> list[dict[str, Any]] | None:
         """The files of the last `checkpoint_save` once written (None while writing)."""

@@ -83,13 +83,15 @@ class ActorWorker(PolicyWorker):
         return {"model": self.model.state_dict(), "optimizer": self.trainer.optimizer_state_dict()}
 
     def state_nbytes(self) -> int:
-        """As saved, with the optimizer's two moments per parameter counted before its first
-        step creates them (the estimate of the checkpoint's size at the start)."""
-        nbytes = super().state_nbytes()
-        if not self.trainer.optimizer.state:
-            local = [p.to_local() if hasattr(p, "to_local") else p for p in self.model.parameters()]
-            nbytes += 2 * sum(p.numel() * p.element_size() for p in local if p.requires_grad)
-        return nbytes
+        """This rank's parameters (its shards under FSDP2) and AdamW's two moments per trained
+        one, which its first step creates: the checkpoint's size, estimated at the start
+        without building the state (torch's ``get_state_dict`` would step the optimizer to
+        create its moments, weight decay moving the weights)."""
+        if self.replicated_state and self.group_rank != 0:
+            return 0  # DDP: rank 0 writes it (ZeRO's ranks are counted whole: an upper bound)
+        local = [p.to_local() if hasattr(p, "to_local") else p for p in self.model.parameters()]
+        nbytes = sum(p.numel() * p.element_size() for p in local)
+        return nbytes + 2 * sum(p.numel() * p.element_size() for p in local if p.requires_grad)
 
     def sharded_state(self) -> dict[str, Any] | None:
         """FSDP2: the policy and the RL optimizer as this rank's shards (DTensors), for
