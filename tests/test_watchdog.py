@@ -672,7 +672,9 @@ def test_mpich_segment_names_are_removed_once_attached_and_nothing_else() -> Non
 
 def test_a_failure_mpi_raised_waits_a_moment_for_the_death_it_came_from() -> None:
     """`_dead_rank_first`: a send to a killed rank fails (over OFI) a moment before the rank's
-    exit shows; the job waits up to DEATH_GRACE_S for it on an MPI error, looks once otherwise."""
+    exit shows, and a peer's call that failed on its link is a plain error: every failure waits
+    up to DEATH_GRACE_S for a death (a hetjob's killed rank was named "failed" after a peer's
+    error, in CI under load)."""
     from rlinf_hpc.errors import WorkerError
     from rlinf_hpc.runners import job
 
@@ -690,9 +692,8 @@ def test_a_failure_mpi_raised_waits_a_moment_for_the_death_it_came_from() -> Non
     with pytest.raises(SystemExit, match="named: then rank 2"):
         job._dead_rank_first(Watch(dies_after=5), mpi_error, "then rank 2 (env) failed")
     plain = WorkerError(2, "env", "rollout", "ValueError: bad", "Traceback ...\nValueError: bad\n")
-    watch = Watch(dies_after=5)
-    job._dead_rank_first(watch, plain, "then rank 2 (env) failed")
-    assert watch.looks == 1  # a Python error of the worker's own: no wait
+    with pytest.raises(SystemExit, match="named: then rank 2"):
+        job._dead_rank_first(Watch(dies_after=5), plain, "then rank 2 (env) failed")
     started = time.monotonic()
     never = Watch(dies_after=10**6)
     job._dead_rank_first(never, mpi_error, "then rank 2 (env) failed")
@@ -736,3 +737,22 @@ def test_heartbeats_a_full_disk_stops_are_not_a_stopped_rank(tmp_path: Path) -> 
             watch.close()
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_rank_the_death_watch_saw_exit_is_dead_before_its_pid_is_gone(tmp_path: Path) -> None:
+    """A killed rank still tearing down answers to its pid; the death watch's record of its exit
+    (``exits.jsonl``, written at the exit) makes it dead for the watchdog at once."""
+    beats = tmp_path / "heartbeats"
+    beats.mkdir()
+    record = {"rank": 2, "pid": os.getpid(), "host": os.uname().nodename, "time": time.time(),
+              "roles": "beta", "activity": "beta.sleep", "since": time.time()}  # fmt: skip
+    (beats / "rank-2.json").write_text(json.dumps(record))
+    watch = Watchdog(
+        tmp_path, 3, hang_timeout_s=60.0, interval=60.0, action="abort", on_fatal=lambda m, c: None
+    )
+    try:
+        assert watch.check() == []
+        (beats / "exits.jsonl").write_text(json.dumps({"time": time.time(), "ranks": [2]}) + "\n")
+        assert [(p["rank"], p["kind"]) for p in watch.check()] == [(2, "died")]
+    finally:
+        watch.close()

@@ -337,24 +337,19 @@ def _fail(coordinator: Coordinator, exc: Exception) -> int:
     return 1
 
 
-#: How long a failure that MPI raised waits for the death of the rank it came from to show.
+#: How long a failure waits for the death of a rank it may have come from to show.
 DEATH_GRACE_S = 1.0
-
-
-def _is_mpi_error(exc: BaseException) -> bool:
-    if isinstance(exc, WorkerError):
-        return "mpi4py.MPI.Exception" in exc.remote_traceback
-    return type(exc).__module__.startswith("mpi4py")
 
 
 def _dead_rank_first(watchdog: Any, exc: BaseException, then: str) -> None:
     """A rank of this node that died explains the failure that followed it: name it instead
-    (the watchdog ends the job from here). Over OFI a send to a killed rank fails at once, on
-    the coordinator or on the killed rank's peers, a moment before its exit is visible: an
-    error MPI raised waits up to `DEATH_GRACE_S` for it; any other looks once."""
+    (the watchdog ends the job from here). A killed rank's link fails at once — on the
+    coordinator, or on a peer whose call then fails — a moment before its exit is visible
+    (under srun and load, longer than MPI's own errors take): every failure waits up to
+    `DEATH_GRACE_S` for a death before it is named itself."""
     if watchdog is None:
         return
-    deadline = time.monotonic() + (DEATH_GRACE_S if _is_mpi_error(exc) else 0.0)
+    deadline = time.monotonic() + DEATH_GRACE_S
     while True:
         watchdog.fail_if_dead(then)
         if time.monotonic() >= deadline:

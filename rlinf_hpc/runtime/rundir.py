@@ -101,6 +101,7 @@ class RunDirectory:
         try:
             self._lock.acquire(job_id, self.run_id)
             accounting.clear(self.path)
+            (self.path / "heartbeats" / "exits.jsonl").unlink(missing_ok=True)  # a previous run's
             self.reserve = Reserve(self.path)
             self.write_summary({"outcome": "running", "started": time.time()})
         except OSError as exc:

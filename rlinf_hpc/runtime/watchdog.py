@@ -93,6 +93,9 @@ class Watchdog:
         host = socket.gethostname()
         problems = []
         records = self._records()  # read once: the stopped/died checks and the stuck waits
+        # the death watch's record of exits (at the exit, before the process is reaped: a
+        # killed rank tearing down still answers to its pid for a moment, under load longer)
+        exited = exit_order(self.run_dir / HEARTBEATS)
         for rank, record in records.items():
             if rank == 0:
                 continue
@@ -100,7 +103,9 @@ class Watchdog:
             # silence counts from the last moment the disk refused writes (heartbeats included)
             age = now - max(float(record.get("time", now)), self._disk_refused_at)
             beats = self.run_dir / HEARTBEATS
-            gone = record.get("host") == host and not pid_in_record_alive(record.get("pid"))
+            gone = rank in exited or (
+                record.get("host") == host and not pid_in_record_alive(record.get("pid"))
+            )
             if gone or crash_cause(beats, rank) is not None:  # (a crash: any node's rank)
                 problems.append(death_of(rank, record, age, beats))
             elif age > self.hang_timeout_s:
