@@ -389,11 +389,10 @@ def _summary(outcome: str, started: float, result: Any) -> dict[str, Any]:
 
 def culprit_of(exc: BaseException, run_dir: Path) -> dict[str, Any]:
     """Who failed, for the ``end`` event and the summary (the host from the rank's heartbeat)."""
-    if isinstance(exc, WorkerInterrupted):
-        host = (read_heartbeat(run_dir / HEARTBEATS / f"rank-{exc.rank}.json") or {}).get("host")
-        return culprit_record(exc.rank, exc.component, "signal", f"received {exc.signal_name}", host)
     if isinstance(exc, WorkerError):
         host = (read_heartbeat(run_dir / HEARTBEATS / f"rank-{exc.rank}.json") or {}).get("host")
+        if isinstance(exc, WorkerInterrupted):
+            return culprit_record(exc.rank, exc.component, "signal", f"received {exc.signal_name}", host)
         return culprit_record(exc.rank, exc.component, "exception", exc.error, host, method=exc.method)
     if isinstance(exc, CommTimeoutError):
         return culprit_record(None, None, "timeout", str(exc))

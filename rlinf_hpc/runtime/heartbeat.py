@@ -265,10 +265,10 @@ def record_culprit(run_dir: Path, problem: dict[str, Any]) -> bool:
     summary = read_heartbeat(path) or {}
     if summary.get("outcome") != "running" or not summary.get("run_id"):
         return False  # this run ended with its own account (or the directory is another run's)
-    outcome = f"rank {problem['kind']}"
-    won, _, _ = claim_culprit(run_dir, summary["run_id"], outcome, culprit_of(problem))
+    outcome, culprit = f"rank {problem['kind']}", culprit_of(problem)
+    won, _, _ = claim_culprit(run_dir, summary["run_id"], outcome, culprit)
     if won:
-        summary.update(outcome=outcome, interrupted=True, culprit=culprit_of(problem))
+        summary.update(outcome=outcome, interrupted=True, culprit=culprit)
         tmp = path.with_name(f".summary.json.{os.getpid()}")
         with contextlib.suppress(OSError):
             tmp.write_text(json.dumps(summary, indent=2), encoding="utf-8")

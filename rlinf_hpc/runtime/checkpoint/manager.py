@@ -312,18 +312,13 @@ class CheckpointManager:
                 "groups": groups,
             }
         )
-        replicated, reshardable = {}, {}
-        errors: list[Exception] = []
-        for name, future in futures.items():  # every reply, failed or not: none left in flight
-            try:
-                replies = future.result()
-            except WorkerError as exc:
-                errors.append(exc)
-                continue
-            replicated[name] = all(r["replicated"] for r in replies)
-            reshardable[name] = all(r.get("reshardable", False) for r in replies)
-        if errors:
-            return self._failed(step, reason, staging, errors[0])
+        answers, error = _every_reply(futures)
+        if error is not None:
+            return self._failed(step, reason, staging, error)
+        replicated = {name: all(r["replicated"] for r in replies) for name, replies in answers.items()}
+        reshardable = {
+            name: all(r.get("reshardable", False) for r in replies) for name, replies in answers.items()
+        }
         stall = time.monotonic() - started
         write = BackgroundWrite(staging, COORDINATOR_FILE, own, asynchronous)
         self._pending = _Pending(
@@ -353,21 +348,16 @@ class CheckpointManager:
             name: self.coordinator.group(name).call("checkpoint_poll", wait)
             for name in sorted(pending.waiting)
         }  # every group at once: one round trip, not one per group
-        errors: list[Exception] = []
-        for name, poll in polls.items():  # every reply, failed or not: none left in flight
-            try:
-                replies = poll.result()
-            except WorkerError as exc:
-                errors.append(exc)
-                continue
+        answers, error = _every_reply(polls)
+        for name, replies in answers.items():
             for records in replies:  # a rank reports its files once: keep them at once
                 for record in records or []:
                     pending.files[record["name"]] = record
             if all(r is not None for r in replies):
                 pending.waiting.discard(name)
-        if errors:
+        if error is not None:
             self._pending = None
-            return self._failed(pending.step, pending.reason, pending.staging, errors[0])
+            return self._failed(pending.step, pending.reason, pending.staging, error)
         if pending.waiting or not pending.coordinator_write.done(wait):
             return None
         if pending.coordinator_write.error is not None:
@@ -474,6 +464,18 @@ class CheckpointManager:
         job's exit code."""
         assert self.store is not None
         return exit_code_after_stop(stop, self.allocation, self.settings, self.store.root)
+
+
+def _every_reply(futures: dict[str, Any]) -> tuple[dict[str, list[Any]], WorkerError | None]:
+    """Each group's replies and the first error: every future is collected, failed or not, so
+    none is left in flight for the next save."""
+    answers, error = {}, None
+    for name, future in futures.items():
+        try:
+            answers[name] = future.result()
+        except WorkerError as exc:
+            error = error or exc
+    return answers, error
 
 
 def checkpoints_of(coordinator: Any) -> CheckpointManager:
